@@ -1,0 +1,26 @@
+"""vit_jax: Vision Transformer research code in JAX/Flax."""
+
+import pathlib
+
+import setuptools
+
+here = pathlib.Path(__file__).parent
+requirements = [
+    line.split('#')[0].strip()
+    for line in (here / 'requirements.txt').read_text().splitlines()
+    if line.split('#')[0].strip()
+]
+
+setuptools.setup(
+    name='vit_jax',
+    version='0.1.0',
+    description='Vision Transformer (ViT) in JAX/Flax, with the original '
+    'release\'s parameter names and checkpoint format.',
+    long_description=(here / 'README.md').read_text(),
+    long_description_content_type='text/markdown',
+    packages=setuptools.find_packages(include=['vit_jax', 'vit_jax.*']),
+    python_requires='>=3.10',
+    install_requires=requirements,
+    extras_require={'test': ['pytest', 'pytest-xdist']},
+    license='Apache 2.0',
+)

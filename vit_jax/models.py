@@ -1,0 +1,52 @@
+"""Model registry: `get_model(name, **kw)` and the model classes.
+
+Run `python -m vit_jax.models --name=ViT-B_16` to print a preset's
+parameter count and output shape.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax import models_vit
+from vit_jax.model_configs import MODEL_CONFIGS
+
+VisionTransformer = models_vit.VisionTransformer
+
+
+def get_model(name: str, **kw) -> nn.Module:
+  """Returns the model for preset `name`; `kw` overrides its config."""
+  if name not in MODEL_CONFIGS:
+    raise ValueError(f'Unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}.')
+  config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
+  return VisionTransformer(**config)
+
+
+def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
+  """Counts parameters from shapes alone (no memory, no compute)."""
+  variables = jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros(image_shape), train=False))
+  return sum(x.size for x in jax.tree.leaves(variables['params']))
+
+
+def _main(argv):
+  del argv
+  model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)
+  shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
+  images = jax.random.uniform(jax.random.key(0), shape, minval=-1, maxval=1)
+  variables = jax.jit(lambda x: model.init(jax.random.key(1), x, train=False))(
+      images)
+  logits = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, images)
+  n = sum(x.size for x in jax.tree.leaves(variables['params']))
+  print(f'{FLAGS.name}: {n:,} parameters; images {shape} -> logits '
+        f'{tuple(logits.shape)}')
+
+
+if __name__ == '__main__':
+  from absl import app, flags
+  flags.DEFINE_string('name', 'ViT-B_16', 'Model preset.')
+  flags.DEFINE_integer('num_classes', 1000, 'Head size.')
+  flags.DEFINE_integer('size', 224, 'Image side.')
+  flags.DEFINE_integer('batch', 2, 'Batch size.')
+  FLAGS = flags.FLAGS
+  app.run(_main)
