@@ -1,0 +1,502 @@
+"""Checkpoint format, names, position-embedding resizing and fine-tune loads."""
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.ndimage
+
+from vit_jax import checkpoint
+from vit_jax import models
+
+LINEN_BLOCK = ('LayerNorm_0', 'MultiHeadDotProductAttention_0', 'LayerNorm_1',
+               'MlpBlock_0')
+PRE_LINEN_BLOCK = ('LayerNorm_0', 'MultiHeadDotProductAttention_1',
+                   'LayerNorm_2', 'MlpBlock_3')
+
+
+def _model(**kw):
+  kw.setdefault('num_classes', 3)
+  return models.get_model('testing', **kw)
+
+
+def _random_params(model, size=(32, 32), seed=0):
+  """Non-zero float32 parameters shaped like `model`'s."""
+  params = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, *size, 3)), train=False))['params']
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(
+      lambda x: rng.normal(0, 0.3, x.shape).astype(np.float32), params)
+
+
+def _init(model, size):
+  """Stands in for `model.init`, whose jitted RNG is slow to compile on CPU.
+
+  Random non-head parameters, and the head `model.init` makes: a zero kernel
+  and a `head_bias_init` bias.
+  """
+  params = _random_params(model, size, seed=1)
+  params['head'] = {
+      'kernel': np.zeros_like(params['head']['kernel']),
+      'bias': np.full_like(params['head']['bias'], model.head_bias_init)}
+  return params
+
+
+def _apply(model, params, size, seed=0):
+  x = np.random.default_rng(seed).uniform(-1, 1, (2, *size, 3))
+  return np.asarray(jax.jit(lambda p, x: model.apply(
+      {'params': p}, x, train=False))(params, jnp.asarray(x, jnp.float32)))
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    np.testing.assert_array_equal(x, y)
+
+
+def _block(value, names='linen'):
+  """A small encoder block with constant leaves, named as given."""
+  ln0, attn, ln1, mlp = PRE_LINEN_BLOCK if names == 'pre' else LINEN_BLOCK
+  full = lambda shape: np.full(shape, value, np.float32)
+  return {
+      ln0: {'scale': full(4), 'bias': full(4) + 1},
+      attn: {n: {'kernel': full((4, 2, 2)), 'bias': full((2, 2))}
+             for n in ('query', 'key', 'value')} | {
+                 'out': {'kernel': full((2, 2, 4)), 'bias': full(4)}},
+      ln1: {'scale': full(4) + 2, 'bias': full(4) + 3},
+      mlp: {'Dense_0': {'kernel': full((4, 8)), 'bias': full(8)},
+            'Dense_1': {'kernel': full((8, 4)) + 4, 'bias': full(4)}},
+  }
+
+
+def _flat(tree, prefix=''):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}/'))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+# The file format.
+
+
+def test_round_trip_same_arrays_and_outputs(tmp_path):
+  model = _model(representation_size=4)
+  params = _random_params(model)
+  path = tmp_path / 'ckpt.npz'
+  checkpoint.save(params, path)
+  loaded = checkpoint.load(path)
+  _assert_trees_equal(loaded, params)
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(loaded))
+  before = _apply(model, params, (32, 32))
+  assert np.abs(before).min() > 0
+  np.testing.assert_array_equal(_apply(model, loaded, (32, 32)), before)
+  # Only the file itself is left: the temporary one was renamed.
+  assert os.listdir(tmp_path) == ['ckpt.npz']
+
+
+def test_saved_file_uses_published_names(tmp_path):
+  params = _random_params(_model(
+      transformer=dict(num_layers=2, mlp_dim=8, num_heads=2)))
+  path = tmp_path / 'ckpt.npz'
+  checkpoint.save(params, str(path))
+  with np.load(path, allow_pickle=False) as f:
+    keys = set(f.files)
+    assert f['Transformer/encoderblock_1/LayerNorm_2/scale'].shape == (10,)
+  # The same keys, renamed by hand from the Linen tree.
+  expected = set()
+  for key in _flat(params):
+    for linen, pre in zip(LINEN_BLOCK, PRE_LINEN_BLOCK):
+      key = key.replace(f'/{linen}/', f'/{pre}/')
+    expected.add(key)
+  assert keys == expected
+  block = 'Transformer/encoderblock_0'
+  assert f'{block}/MultiHeadDotProductAttention_1/query/kernel' in keys
+  assert f'{block}/MlpBlock_3/Dense_0/kernel' in keys
+  assert not any('MultiHeadDotProductAttention_0' in k for k in keys)
+  assert not any('LayerNorm_1' in k or 'MlpBlock_0' in k for k in keys)
+  assert {'embedding/kernel', 'cls', 'head/bias',
+          'Transformer/encoder_norm/scale',
+          'Transformer/posembed_input/pos_embedding'} <= keys
+
+
+@pytest.mark.parametrize('names', ['pre', 'linen'])
+def test_load_hand_made_file(tmp_path, names):
+  tree = {
+      'Transformer': {'encoderblock_0': _block(1., names),
+                      'encoder_norm': {'scale': np.ones(4, np.float32)}},
+      'cls': np.zeros((1, 1, 4), np.float32),
+  }
+  path = tmp_path / 'hand.npz'
+  np.savez(path, **_flat(tree))
+  loaded = checkpoint.load(path)
+  _assert_trees_equal(loaded, {
+      'Transformer': {'encoderblock_0': _block(1.),
+                      'encoder_norm': {'scale': np.ones(4, np.float32)}},
+      'cls': np.zeros((1, 1, 4), np.float32),
+  })
+  block = loaded['Transformer']['encoderblock_0']
+  assert set(block) == set(LINEN_BLOCK)
+  # LayerNorm_2 of the file is the second LayerNorm (values +2, +3).
+  np.testing.assert_array_equal(block['LayerNorm_1']['scale'], np.full(4, 3.))
+
+
+def test_more_than_ten_blocks(tmp_path):
+  tree = {'Transformer': {f'encoderblock_{i}': _block(float(i), 'pre')
+                          for i in range(12)}}
+  path = tmp_path / 'deep.npz'
+  np.savez(path, **_flat(tree))
+  loaded = checkpoint.load(path)['Transformer']
+  assert set(loaded) == {f'encoderblock_{i}' for i in range(12)}
+  for i in range(12):
+    _assert_trees_equal(loaded[f'encoderblock_{i}'], _block(float(i)))
+  # And back: every block gets the published names.
+  checkpoint.save({'Transformer': loaded}, tmp_path / 'again.npz')
+  with np.load(tmp_path / 'again.npz') as f:
+    assert set(f.files) == set(_flat(tree))
+    np.testing.assert_array_equal(
+        f['Transformer/encoderblock_10/MlpBlock_3/Dense_1/kernel'],
+        np.full((8, 4), 14.))
+
+
+def test_other_dicts_keep_their_names(tmp_path):
+  tree = {'MixerBlock_0': {'LayerNorm_0': {'scale': np.ones(2)},
+                           'LayerNorm_1': {'scale': np.zeros(2)}},
+          'Dense_0': {'kernel': np.ones((2, 2))}}
+  checkpoint.save(tree, tmp_path / 'm.npz')
+  with np.load(tmp_path / 'm.npz') as f:
+    assert set(f.files) == {'MixerBlock_0/LayerNorm_0/scale',
+                            'MixerBlock_0/LayerNorm_1/scale', 'Dense_0/kernel'}
+  _assert_trees_equal(checkpoint.load(tmp_path / 'm.npz'), tree)
+
+
+def test_groupnorm_shapes(tmp_path):
+  c = 6
+  rng = np.random.default_rng(0)
+  vec = lambda: rng.normal(size=c).astype(np.float32)
+  conv = rng.normal(size=(1, 1, 3, c)).astype(np.float32)
+  tree = {'resnet': {
+      'gn_root': {'scale': vec(), 'bias': vec()},
+      'conv_root': {'kernel': conv},
+      'block1': {'unit1': {'gn1': {'scale': vec(), 'bias': vec()},
+                           'gn_proj': {'scale': vec(), 'bias': vec()},
+                           'conv1': {'kernel': conv}}}}}
+  path = tmp_path / 'hybrid.npz'
+  checkpoint.save(tree, path)
+  with np.load(path) as f:
+    files = {k: f[k] for k in f.files}
+  for key in ('resnet/gn_root/scale', 'resnet/block1/unit1/gn1/bias',
+              'resnet/block1/unit1/gn_proj/scale'):
+    assert files[key].shape == (1, 1, 1, c)
+    np.testing.assert_array_equal(files[key].ravel(), _flat(tree)[key])
+  assert files['resnet/block1/unit1/conv1/kernel'].shape == (1, 1, 3, c)
+  _assert_trees_equal(checkpoint.load(path), tree)
+
+
+# Position embeddings.
+
+
+def _quadratic(h, w, channels=3):
+  """Known smooth channels on patch centers ((i + .5) / h, (j + .5) / w)."""
+  u, v = np.meshgrid((np.arange(h) + .5) / h, (np.arange(w) + .5) / w,
+                     indexing='ij')
+  return np.stack([1 + 2 * u - 3 * v, u * u - .5 * u * v + 2 * v * v,
+                   np.sin(2 * u) * np.cos(v)][:channels], -1)
+
+
+def _posemb(grid, cls=True):
+  g = grid.reshape(1, -1, grid.shape[-1]).astype(np.float32)
+  if not cls:
+    return g
+  return np.concatenate([np.full((1, 1, g.shape[-1]), 7., np.float32), g], 1)
+
+
+def _inside(old, new):
+  """New cells whose four cubic taps (half-pixel centers) lie in the grid."""
+  x = (np.arange(new) + .5) * old / new - .5
+  return (np.floor(x) >= 1) & (np.floor(x) + 2 <= old - 1)
+
+
+@pytest.mark.parametrize('old,new', [((14, 14), (24, 16)), ((14, 14), (7, 10)),
+                                     ((8, 8), (12, 12)), ((10, 6), (5, 9))])
+def test_bicubic_samples_the_function_at_new_centers(old, new):
+  out = checkpoint.resize_posemb_grid(
+      _posemb(_quadratic(*old)), old_grid=None if old[0] == old[1] else old,
+      new_grid=new, has_class_token=True)
+  assert out.shape == (1, 1 + new[0] * new[1], 3) and out.dtype == np.float32
+  np.testing.assert_array_equal(out[:, 0], np.full((1, 3), 7.))
+  got, want = out[0, 1:].reshape(*new, 3), _quadratic(*new)
+  # Keys' cubic reproduces quadratics exactly away from the borders.
+  mask = _inside(old[0], new[0])[:, None] & _inside(old[1], new[1])[None, :]
+  assert mask.sum() >= 4
+  np.testing.assert_allclose(got[mask][:, :2], want[mask][:, :2], atol=1e-4)
+  np.testing.assert_allclose(got[mask][:, 2], want[mask][:, 2], atol=5e-3)
+  np.testing.assert_allclose(got, want, atol=0.1)
+
+
+def test_same_size_is_identity():
+  pe = np.random.default_rng(0).normal(size=(1, 17, 5)).astype(np.float32)
+  for method in ('bicubic', 'linear_zoom'):
+    np.testing.assert_array_equal(
+        checkpoint.interpolate_posembed(pe, 17, True, method=method), pe)
+    np.testing.assert_array_equal(checkpoint.resize_posemb_grid(
+        pe[:, 1:], old_grid=(4, 4), new_grid=(4, 4), has_class_token=False,
+        method=method), pe[:, 1:])
+
+
+@pytest.mark.parametrize('old,new,cls', [((14, 14), (24, 16), True),
+                                         ((6, 6), (4, 4), False),
+                                         ((5, 5), (9, 9), True)])
+def test_linear_zoom_is_the_original(old, new, cls):
+  grid = np.random.default_rng(1).normal(size=(*old, 4)).astype(np.float32)
+  pe = _posemb(grid, cls)
+  out = checkpoint.resize_posemb_grid(pe, new_grid=new, has_class_token=cls,
+                                      method='linear_zoom')
+  ref = scipy.ndimage.zoom(grid, (new[0] / old[0], new[1] / old[1], 1), order=1)
+  np.testing.assert_array_equal(out[0, int(cls):].reshape(*new, 4), ref)
+  if cls:
+    np.testing.assert_array_equal(out[:, 0], pe[:, 0])
+  if new[0] == new[1]:
+    np.testing.assert_array_equal(checkpoint.interpolate_posembed(
+        pe, int(cls) + new[0] * new[1], cls, method='linear_zoom'), out)
+
+
+def test_interpolate_posembed_square():
+  pe = _posemb(_quadratic(7, 7))
+  out = checkpoint.interpolate_posembed(pe, 1 + 144, has_class_token=True)
+  np.testing.assert_allclose(out, checkpoint.resize_posemb_grid(
+      pe, new_grid=(12, 12), has_class_token=True))
+  assert out.shape == (1, 145, 3)
+
+
+@pytest.mark.parametrize('args,match', [
+    (((1, 1 + 48, 3), 1 + 49, True), '48 tokens are not a square'),
+    (((1, 1 + 49, 3), 1 + 50, True), '50 tokens are not a square'),
+    (((1, 49, 3), 64, False, 'nearest'), "Unknown resize method 'nearest'"),
+    (((49, 3), 64, False), r'Expected a \(1, tokens, width\)'),
+])
+def test_resize_errors(args, match):
+  shape, *rest = args
+  with pytest.raises(ValueError, match=match):
+    checkpoint.interpolate_posembed(np.zeros(shape, np.float32), *rest)
+
+
+def test_resize_grid_must_match_tokens():
+  with pytest.raises(ValueError, match=r'old_grid \(3, 5\) does not match'):
+    checkpoint.resize_posemb_grid(np.zeros((1, 14, 2)), old_grid=(3, 5),
+                                  new_grid=(2, 2), has_class_token=False)
+
+
+# Fine-tuning loads.
+
+
+@pytest.fixture
+def pretrained(tmp_path):
+  """A 'testing' checkpoint trained at 32x32 (2x2 patches), with pre_logits."""
+  params = _random_params(_model(num_classes=5, representation_size=4))
+  path = tmp_path / 'pretrained.npz'
+  checkpoint.save(params, path)
+  return path, params
+
+
+def test_load_pretrained_drop_head_and_resize(pretrained):
+  path, ckpt = pretrained
+  model = _model(num_classes=3, head_bias_init=-2.5)
+  init = _init(model, (48, 48))
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init,
+      model_config=models.MODEL_CONFIGS['testing'], resize_method='linear_zoom')
+  np.testing.assert_array_equal(params['head']['kernel'], np.zeros((10, 3)))
+  np.testing.assert_array_equal(params['head']['bias'], np.full(3, -2.5))
+  assert params['pre_logits'] == {}
+  for key in ('embedding', 'cls'):
+    _assert_trees_equal(params[key], ckpt[key])
+  _assert_trees_equal(params['Transformer']['encoderblock_0'],
+                      ckpt['Transformer']['encoderblock_0'])
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  old = ckpt['Transformer']['posembed_input']['pos_embedding']
+  assert pe.shape == (1, 1 + 9, 10)
+  np.testing.assert_array_equal(pe[:, 0], old[:, 0])
+  np.testing.assert_array_equal(
+      pe[0, 1:].reshape(3, 3, 10),
+      scipy.ndimage.zoom(old[0, 1:].reshape(2, 2, 10), (1.5, 1.5, 1), order=1))
+  out = _apply(model, params, (48, 48))
+  np.testing.assert_allclose(out, np.full((2, 3), -2.5))
+
+
+def test_load_pretrained_keeps_pre_logits_non_square(pretrained):
+  path, ckpt = pretrained
+  model = _model(num_classes=3, representation_size=4)
+  init = _init(model, (48, 32))
+  # A head unlike the checkpoint's and unlike zeros: it must be init's.
+  init['head'] = _random_params(model, (48, 32), seed=5)['head']
+  params = checkpoint.load_pretrained(
+      pretrained_path=str(path), init_params=init, new_grid=(3, 2),
+      model_config={'classifier': 'token', 'representation_size': 4})
+  _assert_trees_equal(params['head'], init['head'])
+  _assert_trees_equal(params['pre_logits'], ckpt['pre_logits'])
+  assert params['Transformer']['posembed_input']['pos_embedding'].shape == (
+      1, 7, 10)
+  out = _apply(model, params, (48, 32))
+  assert out.shape == (2, 3) and np.all(np.isfinite(out))
+  assert np.abs(out).min() > 0
+
+
+def test_load_pretrained_without_class_token(tmp_path):
+  ckpt = _random_params(_model(classifier='gap'))
+  path = tmp_path / 'gap.npz'
+  checkpoint.save(ckpt, path)
+  model = _model(classifier='gap')
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=_init(model, (64, 64)),
+      model_config={'classifier': 'gap', 'representation_size': None})
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  assert pe.shape == (1, 16, 10)
+  np.testing.assert_allclose(pe, checkpoint.resize_posemb_grid(
+      ckpt['Transformer']['posembed_input']['pos_embedding'],
+      new_grid=(4, 4), has_class_token=False))
+  assert _apply(model, params, (64, 64)).shape == (2, 3)
+
+
+def test_load_pretrained_same_resolution_keeps_posemb(pretrained):
+  path, ckpt = pretrained
+  model = _model()
+  params = checkpoint.load_pretrained(
+      pretrained_path=path,
+      init_params=_init(model, (32, 32)),
+      model_config={'classifier': 'token', 'representation_size': None})
+  _assert_trees_equal(params['Transformer'], ckpt['Transformer'])
+
+
+# Errors.
+
+
+def test_checkpoint_of_another_width(tmp_path):
+  path = tmp_path / 'wide.npz'
+  checkpoint.save(_random_params(_model(hidden_size=12)), path)
+  init = _init(_model(), (32, 32))
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.load_pretrained(
+        pretrained_path=path, init_params=init,
+        model_config={'classifier': 'token', 'representation_size': None})
+  message = str(e.value)
+  assert isinstance(e.value, ValueError)
+  assert str(path) in message
+  assert 'wrong shape' in message
+  assert 'Transformer/encoder_norm/bias: (12,) vs (10,)' in message
+  assert '21 parameters have the wrong shape (checkpoint vs model)' in message
+  assert '... and 11 more' in message
+  assert len(message.splitlines()) == 13
+
+
+def test_checkpoint_with_fewer_layers(pretrained):
+  path, _ = pretrained
+  model = _model(transformer=dict(num_layers=2, mlp_dim=10, num_heads=2))
+  with pytest.raises(
+      checkpoint.CheckpointError,
+      match=r'missing(.|\n)*encoderblock_1/LayerNorm_0/bias: \(10,\)'):
+    checkpoint.load_pretrained(
+        pretrained_path=path, init_params=_init(model, (32, 32)),
+        model_config={'classifier': 'token', 'representation_size': None})
+
+
+def test_truncated_and_corrupt_files(pretrained, tmp_path):
+  path, _ = pretrained
+  data = path.read_bytes()
+  truncated = tmp_path / 'truncated.npz'
+  truncated.write_bytes(data[:len(data) // 2])
+  with pytest.raises(
+      checkpoint.CheckpointError,
+      match=re.escape(str(truncated)) + '.*truncated or corrupt'):
+    checkpoint.load(truncated)
+  corrupt = tmp_path / 'corrupt.npz'
+  broken = bytearray(data)
+  start = data.index(b'\x93NUMPY') + 200  # inside the first array's data
+  broken[start:start + 40] = bytes(40)
+  corrupt.write_bytes(bytes(broken))
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=re.escape(str(corrupt))):
+    checkpoint.load(corrupt)
+  empty = tmp_path / 'empty.npz'
+  empty.write_bytes(b'')
+  with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(empty))):
+    checkpoint.load(empty)
+
+
+def test_pickled_object_array_is_refused(tmp_path):
+  path = tmp_path / 'pickled.npz'
+  np.savez(path, cls=np.zeros(3), **{'head/kernel': np.array([{'a': 1}],
+                                                              dtype=object)})
+  with pytest.raises(
+      checkpoint.CheckpointError,
+      match=f"'head/kernel' from checkpoint {re.escape(str(path))}: a pickled"):
+    checkpoint.load(path)
+  plain = tmp_path / 'plain.npy'
+  np.save(plain, np.zeros(3))
+  with pytest.raises(checkpoint.CheckpointError, match='single array'):
+    checkpoint.load(plain)
+
+
+def test_missing_file(tmp_path):
+  path = tmp_path / 'nowhere.npz'
+  with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
+    checkpoint.load(path)
+  with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
+    checkpoint.load_pretrained(pretrained_path=path, init_params={},
+                               model_config={})
+
+
+def test_non_square_target_needs_new_grid(pretrained):
+  path, _ = pretrained
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'6 tokens are not a square grid'):
+    checkpoint.load_pretrained(
+        pretrained_path=path, init_params=_init(_model(), (48, 32)),
+        model_config={'classifier': 'token', 'representation_size': None})
+
+
+def test_inspect_params():
+  expected = {'a': {'kernel': np.zeros((2, 3))}, 'empty': {},
+              'b': np.zeros(4)}
+  params = {'a': {'kernel': np.ones((2, 3))}, 'b': np.ones(4),
+            'extra': {'kernel': np.ones(1)}}
+  with pytest.raises(ValueError,
+                     match=r'not in the model:\n    extra/kernel: \(1,\)'):
+    checkpoint.inspect_params(params=params, expected=expected)
+  out = checkpoint.inspect_params(params=params, expected=expected,
+                                  fail_if_extra=False)
+  assert set(out) == {'a', 'b', 'empty'} and out['empty'] == {}
+  assert 'extra' in params  # The input is left alone.
+  with pytest.raises(ValueError, match=r'missing:\n    b: \(4,\)'):
+    checkpoint.inspect_params(params={'a': params['a']}, expected=expected)
+  out = checkpoint.inspect_params(params={'a': params['a']}, expected=expected,
+                                  fail_if_missing=False)
+  assert set(out) == {'a', 'empty'}
+  with pytest.raises(ValueError, match=r'a/kernel: \(3, 2\) vs \(2, 3\)'):
+    checkpoint.inspect_params(params={'a': {'kernel': np.ones((3, 2))},
+                                      'b': params['b']},
+                              expected=expected, fail_if_missing=False)
+
+
+def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
+  path = tmp_path / 'ckpt.npz'
+  checkpoint.save({'w': np.ones(3)}, path)
+
+  def broken_savez(f, **kw):
+    f.write(b'partial')
+    raise OSError('disk full')
+
+  monkeypatch.setattr(checkpoint.np, 'savez', broken_savez)
+  with pytest.raises(OSError, match='disk full'):
+    checkpoint.save({'w': np.zeros(3)}, path)
+  monkeypatch.undo()
+  assert os.listdir(tmp_path) == ['ckpt.npz']
+  np.testing.assert_array_equal(checkpoint.load(path)['w'], np.ones(3))
+  with pytest.raises(ValueError, match='bfloat16'):
+    checkpoint.save({'w': jnp.ones(3, jnp.bfloat16)}, path)
