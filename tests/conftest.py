@@ -1,8 +1,70 @@
-"""Test set-up: 8 simulated CPU devices, quiet TensorFlow without GPUs."""
+"""Test set-up: 8 simulated CPU devices, quiet TensorFlow without GPUs;
+tiny offline data."""
 
+import gzip
 import os
+import struct
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import pytest
+
+from configs import common
+
+
+def write_idx(path, array):
+  """Writes `array` (uint8) in the gzipped idx format of the MNIST family."""
+  header = struct.pack('>BBBB', 0, 0, 8, array.ndim)
+  header += struct.pack(f'>{array.ndim}I', *array.shape)
+  with gzip.open(path, 'wb') as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def fake_fashion_mnist(root, n_train=96, n_test=37, seed=0):
+  """Tiny idx files; the class is readable from the image (a bright band)."""
+  rng = np.random.default_rng(seed)
+  for prefix, n in (('train', n_train), ('t10k', n_test)):
+    labels = np.arange(n) % 10
+    images = rng.integers(0, 60, (n, 28, 28))
+    for i, label in enumerate(labels):
+      images[i, 2 * label + 4:2 * label + 7] = 250
+    write_idx(f'{root}/{prefix}-images-idx3-ubyte.gz', images)
+    write_idx(f'{root}/{prefix}-labels-idx1-ubyte.gz', labels)
+  return root
+
+
+@pytest.fixture(scope='session')
+def fmnist_dirs(tmp_path_factory):
+  """(manual_dir with tiny idx files, tfds data_dir shared by the tests)."""
+  manual = fake_fashion_mnist(str(tmp_path_factory.mktemp('fmnist_manual')))
+  return manual, str(tmp_path_factory.mktemp('tfds'))
+
+
+@pytest.fixture
+def tiny_config(fmnist_dirs):
+  return make_tiny_config(fmnist_dirs)
+
+
+def make_tiny_config(fmnist_dirs):
+  """The `testing` ViT on 32x32 tiny Fashion-MNIST; a few steps, 8 devices."""
+  from vit_jax import model_configs  # pylint: disable=g-import-not-at-top
+  config = common.get_config()
+  config.dataset = 'fashion_mnist_local'
+  config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
+  config.pp.crop = 32
+  config.model_name = 'testing'
+  config.model = model_configs.MODEL_CONFIGS['testing'].copy_and_resolve_references()
+  config.total_steps = 6
+  config.warmup_steps = 1
+  config.batch = 8
+  config.batch_eval = 8
+  config.base_lr = 0.01
+  config.shuffle_buffer = 100
+  config.progress_every = 2
+  config.eval_every = 0
+  config.checkpoint_every = 2
+  return config

@@ -1,5 +1,6 @@
 """ViT presets, shapes, errors, and numerics against a numpy reference."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,21 +120,29 @@ def _gelu(x):  # tanh approximation, as flax's nn.gelu
   return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-def _msa(x, p):
-  """Multi-head self-attention: softmax(q k^T / sqrt(d)) v per head."""
-  q, k, v = (np.einsum('btd,dhk->bhtk', x, p[n]['kernel']) +
+def _msa(x, p, kv=None, bias_fn=None):
+  """Multi-head attention: softmax(q k^T / sqrt(d) + bias) v per head.
+
+  Self-attention unless `kv` is given; `bias_fn` maps the scaled queries
+  (batch, heads, tokens, depth) to a (batch, heads, tokens, tokens) bias.
+  """
+  kv = x if kv is None else kv
+  q, k, v = (np.einsum('btd,dhk->bhtk', y, p[n]['kernel']) +
              p[n]['bias'].transpose(0, 1)[None, :, None, :]
-             for n in ('query', 'key', 'value'))
-  logits = np.einsum('bhtk,bhsk->bhts', q, k) / np.sqrt(q.shape[-1])
+             for y, n in ((x, 'query'), (kv, 'key'), (kv, 'value')))
+  q = q / np.sqrt(q.shape[-1])
+  logits = np.einsum('bhtk,bhsk->bhts', q, k)
+  if bias_fn is not None:
+    logits = logits + bias_fn(q)
   w = np.exp(logits - logits.max(-1, keepdims=True))
   w /= w.sum(-1, keepdims=True)
   heads = np.einsum('bhts,bhsk->bthk', w, v)
   return np.einsum('bthk,hkd->btd', heads, p['out']['kernel']) + p['out']['bias']
 
 
-def _block(x, p):
+def _block(x, p, bias_fn=None):
   x = x + _msa(_layernorm(x, p['LayerNorm_0']),
-               p['MultiHeadDotProductAttention_0'])
+               p['MultiHeadDotProductAttention_0'], bias_fn=bias_fn)
   mlp = p['MlpBlock_0']
   y = _layernorm(x, p['LayerNorm_1'])
   y = _gelu(y @ mlp['Dense_0']['kernel'] + mlp['Dense_0']['bias'])
@@ -212,3 +221,290 @@ def test_dropout_only_in_training():
   np.testing.assert_array_equal(apply(True, k1), apply(True, k1))
   assert not np.allclose(apply(True, k1), apply(True, k2))
   assert not np.allclose(apply(True, k1), apply(False, k1))
+
+
+# Jitted helpers for the tests below: initializing costs more than applying,
+# so parameters are random draws of `eval_shape`'s shapes.
+
+
+def _shapes(module, *args, **kw):
+  return jax.eval_shape(
+      lambda: module.init(jax.random.key(0), *args, **kw))['params']
+
+
+def _draw(shapes, seed=0, scale=0.5):
+  leaves, treedef = jax.tree.flatten(shapes)
+  rng = np.random.default_rng(seed)
+  return jax.tree.unflatten(
+      treedef, [rng.normal(0, scale, l.shape).astype(np.float32)
+                for l in leaves])
+
+
+def _tiny(posemb, classifier='token', **kw):
+  """'testing' with width 12 (2-D schemes need D/2 or D/4), no dropout."""
+  return models.get_model(
+      'testing', num_classes=5, hidden_size=12, posemb=posemb,
+      classifier=classifier,
+      transformer=dict(num_layers=1, mlp_dim=8, num_heads=2, dropout_rate=0.,
+                       attention_dropout_rate=0., relative_max_distance=2),
+      **kw)
+
+
+def _apply(model, params, x, **kw):
+  return jax.jit(lambda p, x: model.apply({'params': p}, x, **kw))(params, x)
+
+
+# Position embedding schemes (the paper's Appendix D.4).
+
+
+@pytest.mark.parametrize('posemb,input_tables,block_tables', [
+    ('learn', {'pos_embedding': (1, 7, 12)}, {}),
+    ('none', None, {}),
+    ('learn2d', {'pos_embedding_row': (1, 2, 6),
+                 'pos_embedding_col': (1, 3, 6)}, {}),
+    # (2K+1, 2K+1, heads, D/heads) with K = 2, whatever the resolution.
+    ('relative', None, {'rel_embedding': (5, 5, 2, 6)}),
+    ('sincos2d', None, {}),
+])
+def test_posemb_params(posemb, input_tables, block_tables):
+  params = _shapes(_tiny(posemb), jnp.zeros((1, 32, 48, 3)), train=False)
+  transformer = params['Transformer']
+  if input_tables is None:
+    assert 'posembed_input' not in transformer
+  else:
+    assert jax.tree.map(lambda a: a.shape, transformer['posembed_input'],
+                        ) == input_tables
+  block = transformer['encoderblock_0']
+  assert jax.tree.map(lambda a: a.shape,
+                      block.get('posembed_relative', {})) == block_tables
+
+
+def _resize_1d(table, length):
+  """Linear interpolation of a (1, n, c) table to (1, length, c)."""
+  old = np.linspace(0, 1, table.shape[1])
+  new = np.linspace(0, 1, length)
+  return np.stack([np.interp(new, old, table[0, :, c])
+                   for c in range(table.shape[2])], -1)[None]
+
+
+@pytest.mark.parametrize('posemb', ['none', 'relative', 'sincos2d', 'learn2d'])
+def test_posemb_at_a_second_resolution(posemb):
+  model = _tiny(posemb)
+  x = jax.random.normal(jax.random.key(1), (2, 64, 32, 3))  # 4x2 patches.
+  params = _draw(_shapes(model, jnp.zeros((1, 32, 48, 3)), train=False))
+  if posemb == 'learn2d':
+    with pytest.raises(ValueError, match='pos_embedding_row.*1-D interp'):
+      _apply(model, params, x, train=False)
+    pe = dict(params['Transformer']['posembed_input'])
+    pe['pos_embedding_row'] = _resize_1d(pe['pos_embedding_row'], 4)
+    pe['pos_embedding_col'] = _resize_1d(pe['pos_embedding_col'], 2)
+    params['Transformer']['posembed_input'] = pe
+  # Same shapes as a model initialized at the second resolution.
+  assert (jax.tree.map(np.shape, params) ==
+          jax.tree.map(np.shape, _shapes(model, x, train=False)))
+  out = _apply(model, params, x, train=False)
+  assert out.shape == (2, 5)
+  assert np.all(np.isfinite(out))
+
+
+def _sincos(h, w, d):
+  """The 2-D sine-cosine embedding, one patch and one frequency at a time."""
+  pe = np.zeros((h * w, d))
+  q = d // 4
+  for r in range(h):
+    for c in range(w):
+      for k in range(q):
+        omega = 10_000.**(-k / (q - 1))
+        pe[r * w + c, [k, q + k, 2 * q + k, 3 * q + k]] = [
+            np.sin(c * omega), np.cos(c * omega),
+            np.sin(r * omega), np.cos(r * omega)]
+  return pe
+
+
+def test_sincos2d_values():
+  np.testing.assert_allclose(models_vit.posemb_sincos_2d(3, 5, 16)[0],
+                             _sincos(3, 5, 16), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match='divisible by 4'):
+    models_vit.posemb_sincos_2d(2, 2, 10)
+
+
+@pytest.mark.parametrize('posemb', ['learn', 'none', 'learn2d', 'sincos2d'])
+@pytest.mark.parametrize('prefix', [0, 1])
+def test_additive_posemb_matches_reference(posemb, prefix):
+  """Encoder without blocks: LN(x + E), E from the scheme's definition."""
+  h, w, d = 2, 3, 8
+  encoder = models_vit.Encoder(num_layers=0, mlp_dim=4, num_heads=2,
+                               dropout_rate=0., posemb=posemb)
+  x = np.random.default_rng(1).normal(size=(2, prefix + h * w, d))
+  params = _draw(_shapes(encoder, jnp.asarray(x), train=False, grid=(h, w)))
+  out = jax.jit(lambda p, x: encoder.apply(
+      {'params': p}, x, train=False, grid=(h, w)))(params, x)
+
+  pe = np.zeros((prefix + h * w, d))  # Class tokens get none...
+  if posemb == 'learn':  # ... except with the 1-D table.
+    pe = params['posembed_input']['pos_embedding'][0]
+  elif posemb == 'learn2d':
+    row = params['posembed_input']['pos_embedding_row'][0]
+    col = params['posembed_input']['pos_embedding_col'][0]
+    for i in range(h * w):
+      pe[prefix + i] = np.concatenate([row[i // w], col[i % w]])
+  elif posemb == 'sincos2d':
+    pe[prefix:] = _sincos(h, w, d)
+  expected = _layernorm(x + pe, params['encoder_norm'])
+  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def _relative_bias(table, grid, prefix, k):
+  """Bias of described 'relative' scheme, one query/key pair at a time."""
+  h, w = grid
+
+  def bias_fn(q):  # q: (batch, heads, tokens, depth), already scaled.
+    bias = np.zeros(q.shape[:3] + q.shape[2:3])
+    for i in range(h * w):
+      for j in range(h * w):
+        dr = np.clip(i // w - j // w, -k, k)
+        dc = np.clip(i % w - j % w, -k, k)
+        bias[:, :, prefix + i, prefix + j] = np.einsum(
+            'bhd,hd->bh', q[:, :, prefix + i], table[dr + k, dc + k])
+    return bias  # Zero for pairs with a class token.
+
+  return bias_fn
+
+
+@pytest.mark.parametrize('prefix', [0, 1])
+def test_relative_attention_matches_reference(prefix):
+  grid, k = (2, 3), 1  # Column offsets of 2 are clipped to 1.
+  block = models_vit.Encoder1DBlock(mlp_dim=12, num_heads=3,
+                                    relative_max_distance=k)
+  x = np.random.default_rng(1).normal(size=(2, prefix + 6, 9))
+  params = _draw(_shapes(block, jnp.asarray(x), deterministic=True,
+                         grid=grid), seed=2)
+  table = params['posembed_relative']['rel_embedding']
+  assert table.shape == (3, 3, 3, 3)
+  out = jax.jit(lambda p, x: block.apply(
+      {'params': p}, x, deterministic=True, grid=grid))(params, x)
+  expected = _block(x, params, _relative_bias(table, grid, prefix, k))
+  np.testing.assert_allclose(out, expected, rtol=5e-4, atol=5e-4)
+  # The bias matters: without it the output differs.
+  assert not np.allclose(out, _block(x, params), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('posemb,invariant', [('none', True), ('learn', False)])
+def test_no_posemb_is_permutation_invariant(posemb, invariant):
+  """With 'none' and 'gap', shuffling the patches leaves the output alone."""
+  model = _tiny(posemb, classifier='gap')
+  x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 48, 3))
+  patches = x.reshape(2, 2, 16, 3, 16, 3).transpose(0, 1, 3, 2, 4, 5)
+  perm = [4, 2, 5, 0, 3, 1]
+  shuffled = patches.reshape(2, 6, 16, 16, 3)[:, perm].reshape(
+      2, 2, 3, 16, 16, 3).transpose(0, 1, 3, 2, 4, 5).reshape(x.shape)
+  params = _draw(_shapes(model, jnp.zeros(x.shape), train=False))
+  apply = jax.jit(lambda x: model.apply({'params': params}, x, train=False))
+  out, out_shuffled = apply(x), apply(shuffled)
+  assert np.allclose(out, out_shuffled, rtol=1e-4, atol=1e-4) == invariant
+
+
+def test_unknown_posemb():
+  with pytest.raises(ValueError, match="Unknown posemb 'rope'"):
+    _shapes(_tiny('rope'), jnp.zeros((1, 32, 32, 3)), train=False)
+
+
+# Multi-head attention pooling.
+
+
+def test_map_head_params_and_shape():
+  model = models.get_model('testing', num_classes=7, classifier='map')
+  x = jnp.zeros((2, 32, 48, 3))
+  params = _shapes(model, x, train=False)
+  assert 'cls' not in params
+  assert params['Transformer']['posembed_input']['pos_embedding'].shape == (
+      1, 6, 10)
+  head = params['MAPHead_0']
+  assert set(head) == {'probe', 'MultiHeadDotProductAttention_0',
+                       'LayerNorm_0', 'MlpBlock_0'}
+  assert head['probe'].shape == (1, 1, 10)
+  assert head['MultiHeadDotProductAttention_0']['query']['kernel'].shape == (
+      10, 2, 5)
+  assert head['MlpBlock_0']['Dense_0']['kernel'].shape == (10, 10)
+  out = jax.eval_shape(lambda: model.init_with_output(
+      jax.random.key(0), x, train=False))[0]
+  assert out.shape == (2, 7)
+
+
+def test_map_head_matches_reference():
+  head = models_vit.MAPHead(num_heads=2, mlp_dim=6)
+  x = np.random.default_rng(1).normal(size=(3, 5, 8))
+  params = _draw(_shapes(head, jnp.asarray(x)), seed=2)
+  out = jax.jit(lambda p, x: head.apply({'params': p}, x))(params, x)
+
+  probe = np.broadcast_to(params['probe'], (3, 1, 8))
+  y = _msa(probe, params['MultiHeadDotProductAttention_0'], kv=x)
+  mlp = params['MlpBlock_0']
+  z = _layernorm(y, params['LayerNorm_0'])
+  z = _gelu(z @ mlp['Dense_0']['kernel'] + mlp['Dense_0']['bias'])
+  expected = (y + z @ mlp['Dense_1']['kernel'] + mlp['Dense_1']['bias'])[:, 0]
+  assert out.shape == (3, 8)
+  np.testing.assert_allclose(out, expected, rtol=2e-4, atol=2e-4)
+
+
+# Stochastic depth.
+
+
+def test_drop_path_is_identity_at_eval():
+  x = jax.random.normal(jax.random.key(0), (8, 3, 4))
+  out = models_vit.DropPath(0.5).apply({}, x, deterministic=True)
+  np.testing.assert_array_equal(out, x)
+
+
+def test_drop_path_drops_whole_samples():
+  rate = 0.3
+  x = np.random.default_rng(0).uniform(1, 2, (20_000, 3, 2)).astype(np.float32)
+  out = np.asarray(jax.jit(lambda x: models_vit.DropPath(rate).apply(
+      {}, x, deterministic=False, rngs={'dropout': jax.random.key(1)}))(x))
+  kept = np.any(out != 0, axis=(1, 2))
+  np.testing.assert_array_equal(out[~kept], 0)
+  np.testing.assert_allclose(out[kept], x[kept] / (1 - rate), rtol=1e-6)
+  assert abs(kept.mean() - (1 - rate)) < 0.02  # ~6 standard deviations.
+  with pytest.raises(ValueError, match=r'\[0, 1\)'):
+    models_vit.DropPath(1.).apply({}, x, deterministic=False)
+
+
+def test_drop_path_schedule():
+  assert models_vit.drop_path_rates(0.2, 5) == pytest.approx(
+      [0., 0.05, 0.1, 0.15, 0.2])
+  assert models_vit.drop_path_rates(0.2, 1) == [0.]
+  rates = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, models_vit.DropPath):
+      rates.append(context.module.rate)
+    return next_fun(*args, **kwargs)
+
+  encoder = models_vit.Encoder(num_layers=4, mlp_dim=4, num_heads=2,
+                               stochastic_depth=0.3)
+  with nn.intercept_methods(record):
+    _shapes(encoder, jnp.zeros((1, 3, 4)), train=False)
+  # Attention and MLP branch of each block, in order.
+  assert rates == pytest.approx([0., 0., 0.1, 0.1, 0.2, 0.2, 0.3, 0.3])
+
+
+def test_drop_path_in_encoder_block():
+  block = models_vit.Encoder1DBlock(mlp_dim=8, num_heads=2, dropout_rate=0.,
+                                    attention_dropout_rate=0.,
+                                    drop_path_rate=0.5)
+  plain = block.clone(drop_path_rate=0.)
+  x = np.random.default_rng(1).normal(size=(64, 3, 6)).astype(np.float32)
+  params = _draw(_shapes(block, x, deterministic=True))
+
+  def apply(module, deterministic):
+    return np.asarray(jax.jit(lambda p, x: module.apply(
+        {'params': p}, x, deterministic=deterministic,
+        rngs={'dropout': jax.random.key(2)}))(params, x))
+
+  full = apply(plain, True)
+  np.testing.assert_array_equal(apply(block, True), full)
+  out = apply(block, False)
+  # Each sample: both branches dropped (the input), or some kept.
+  same_as_input = np.all(np.isclose(out, x, atol=1e-6), axis=(1, 2))
+  assert 0 < same_as_input.sum() < 64
+  assert not np.allclose(out[~same_as_input], full[~same_as_input])

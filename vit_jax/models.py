@@ -8,17 +8,24 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import models_mixer
 from vit_jax import models_vit
 from vit_jax.model_configs import MODEL_CONFIGS
 
 VisionTransformer = models_vit.VisionTransformer
+MlpMixer = models_mixer.MlpMixer
 
 
 def get_model(name: str, **kw) -> nn.Module:
-  """Returns the model for preset `name`; `kw` overrides its config."""
+  """Returns the model for preset `name`; `kw` overrides its config.
+
+  Names starting with 'Mixer-' are MlpMixers, all others VisionTransformers.
+  """
   if name not in MODEL_CONFIGS:
     raise ValueError(f'Unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}.')
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
+  if name.startswith('Mixer-'):
+    return MlpMixer(**config)
   return VisionTransformer(**config)
 
 

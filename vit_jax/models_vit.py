@@ -1,15 +1,46 @@
 """Vision Transformer (Dosovitskiy et al., ICLR 2021), in Flax Linen.
 
 The module structure, and so the parameter tree, follows the original
-release exactly: published checkpoints load with no renaming.
+release exactly: published checkpoints load with no renaming. The hybrid
+models put the ResNet's `conv_root`, `gn_root` and `block{i}` at the top
+level, before `embedding`, as the published R+ViT checkpoints do.
+
+Position embeddings (`VisionTransformer.posemb`, the paper's Appendix D.4),
+and what a change of resolution at fine-tuning needs for each:
+
+  'learn': a learned 1-D table `Transformer/posembed_input/pos_embedding`,
+    (1, tokens, D), the class token's entry first. Its patch part is a grid:
+    the checkpoint code resizes it in 2-D (bicubic), keeping the class entry.
+  'learn2d': learned row and column tables, `pos_embedding_row` (1, h, D/2)
+    and `pos_embedding_col` (1, w, D/2) under `Transformer/posembed_input`;
+    patch (i, j) gets [row_i, col_j]. The class token gets none: its own
+    `cls` parameter is already learned. At a new resolution each table is
+    resized on its own, in 1-D along axis 1.
+  'relative': no additive embedding. Each block learns
+    `posembed_relative/rel_embedding`, (2K+1, 2K+1, heads, D/heads), one
+    embedding per (row, column) offset, query minus key patch, each clipped
+    to K = `transformer.relative_max_distance`. The (scaled) query attends
+    to these as keys; the logits bias the content logits before the softmax.
+    Pairs with the class token get zero bias. The tables do not depend on the
+    resolution: nothing to resize, as long as K stays the same.
+  'sincos2d': fixed 2-D sine-cosine embeddings, no parameters, recomputed for
+    the actual grid; the class token gets none.
+  'none': nothing is added; nothing to resize.
 """
 
+import functools
 from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import models_resnet
 
 Array = Any
+
+POSEMBS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d')
 
 
 class IdentityLayer(nn.Module):
@@ -42,6 +73,174 @@ class AddPositionEmbs(nn.Module):
             '`checkpoint.interpolate_posembed` (`load_pretrained` does).')
     pe = self.param('pos_embedding', self.posemb_init, shape)
     return inputs + pe
+
+
+class AddPositionEmbs2D(nn.Module):
+  """Adds learned row and column embeddings, concatenated per patch.
+
+  Patch (i, j) gets [row_i, col_j], each half of the width; the leading
+  (class) tokens get nothing.
+
+  Attributes:
+    posemb_init: initializer of the (1, h, D/2) and (1, w, D/2) tables.
+  """
+  posemb_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, inputs, grid):
+    n, _, d = inputs.shape
+    h, w = grid
+    if d % 2:
+      raise ValueError(f"posemb='learn2d' needs an even width, got {d}.")
+    row = self._table('pos_embedding_row', h, d // 2)
+    col = self._table('pos_embedding_col', w, d // 2)
+    pe = jnp.concatenate([
+        jnp.broadcast_to(row[:, :, None], (1, h, w, d // 2)),
+        jnp.broadcast_to(col[:, None, :], (1, h, w, d // 2)),
+    ], axis=-1).reshape(1, h * w, d)
+    return inputs + _pad_prefix(pe, inputs.shape[1] - h * w)
+
+  def _table(self, name, length, width):
+    shape = (1, length, width)
+    if self.has_variable('params', name):
+      have = self.get_variable('params', name).shape
+      if have != shape:
+        raise ValueError(
+            f'The position embedding {name} has shape {have} but the patch '
+            f'grid needs {shape}: resize it for the new resolution by 1-D '
+            'interpolation along axis 1.')
+    return self.param(name, self.posemb_init, shape)
+
+
+def posemb_sincos_2d(h, w, width, temperature=10_000., dtype=jnp.float32):
+  """Fixed 2-D sine-cosine position embeddings, as big_vision's.
+
+  Args:
+    h: rows of the patch grid.
+    w: columns of the patch grid.
+    width: embedding width D, a multiple of 4.
+    temperature: the longest wavelength is 2 pi `temperature`.
+    dtype: of the result.
+
+  Returns:
+    (1, h * w, width): row-major over the grid, each patch's embedding is
+    [sin(x w_k), cos(x w_k), sin(y w_k), cos(y w_k)] with x the column, y the
+    row and w_k = temperature ** (-k / (D/4 - 1)), k = 0 .. D/4 - 1.
+  """
+  if width % 4:
+    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, "
+                     f'got {width}.')
+  quarter = width // 4
+  omega = 1. / temperature**(np.arange(quarter) / max(quarter - 1, 1))
+  y, x = np.mgrid[:h, :w]
+  x = np.outer(x.ravel(), omega)
+  y = np.outer(y.ravel(), omega)
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return jnp.asarray(pe[None], dtype)
+
+
+def _pad_prefix(pe, prefix):
+  """Prepends zero embeddings for the `prefix` (class) tokens."""
+  return jnp.pad(pe, ((0, 0), (prefix, 0), (0, 0)))
+
+
+def relative_offset_index(grid, max_distance):
+  """Index of the clipped (row, column) offset query - key, for all pairs.
+
+  Args:
+    grid: (h, w) of the patch grid; patches are numbered row-major.
+    max_distance: offsets are clipped to [-max_distance, max_distance].
+
+  Returns:
+    (h*w, h*w) ints in [0, (2 max_distance + 1)**2), indexing the offset
+    table flattened over its (row offset, column offset) axes.
+  """
+  h, w = grid
+  rows, cols = np.divmod(np.arange(h * w), w)
+  k = max_distance
+  dr = np.clip(rows[:, None] - rows[None, :], -k, k) + k
+  dc = np.clip(cols[:, None] - cols[None, :], -k, k) + k
+  return dr * (2 * k + 1) + dc
+
+
+class RelativePositionBias(nn.Module):
+  """Attention bias from learned embeddings of relative 2-D offsets.
+
+  For a query patch q and key patch k with clipped offset (dr, dc), the bias
+  is <query_q, E[dr, dc]> per head: an extra attention whose keys are the
+  offset embeddings. Pairs with a leading (class) token get zero bias.
+
+  Attributes:
+    max_distance: offsets are clipped to this distance in rows and columns;
+      it fixes the table's size, whatever the resolution.
+    embedding_init: initializer of the offset table.
+  """
+  max_distance: int
+  embedding_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, query, grid):
+    """Returns the (batch, heads, tokens, tokens) bias for `query`.
+
+    Args:
+      query: (batch, tokens, heads, depth) projected queries, scaled as for
+        the content logits; the leading (class) tokens come first.
+      grid: (h, w) of the patch grid.
+    """
+    _, t, heads, depth = query.shape
+    span = 2 * self.max_distance + 1
+    table = self.param('rel_embedding', self.embedding_init,
+                       (span, span, heads, depth))
+    n = grid[0] * grid[1]
+    prefix = t - n
+    if prefix < 0:
+      raise ValueError(f'{t} tokens cannot hold a {grid} grid of patches.')
+    index = relative_offset_index(grid, self.max_distance)
+    logits = jnp.einsum('bqhd,uhd->bhqu', query[:, prefix:],
+                        table.reshape(span * span, heads, depth))
+    bias = logits[:, :, np.arange(n)[:, None], index]
+    return jnp.pad(bias, ((0, 0), (0, 0), (prefix, 0), (prefix, 0)))
+
+
+def _biased_attention(query, key, value, mask=None, dropout_rng=None,
+                      dropout_rate=0., broadcast_dropout=True,
+                      deterministic=False, dtype=None, precision=None, *,
+                      bias_fn):
+  """nn.dot_product_attention plus a bias computed from the scaled query."""
+  bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
+  return nn.dot_product_attention(
+      query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
+      dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
+      deterministic=deterministic, dtype=dtype, precision=precision)
+
+
+class DropPath(nn.Module):
+  """Stochastic depth: drops a residual branch for whole samples.
+
+  In training each sample's branch is kept with probability 1 - rate and
+  then scaled by 1 / (1 - rate), so its expectation is unchanged; at
+  evaluation it is the identity. Uses the 'dropout' rng.
+
+  Attributes:
+    rate: probability of dropping a sample's branch, in [0, 1).
+  """
+  rate: float = 0.
+
+  @nn.compact
+  def __call__(self, x, *, deterministic):
+    if not 0. <= self.rate < 1.:
+      raise ValueError(f'Drop path rate must be in [0, 1), got {self.rate}.')
+    if deterministic or self.rate == 0.:
+      return x
+    keep = 1. - self.rate
+    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    kept = jax.random.bernoulli(self.make_rng('dropout'), keep, shape)
+    return jnp.where(kept, x / keep, jnp.zeros_like(x))
+
+
+def drop_path_rates(rate, num_layers):
+  """Per-block drop path rates: linear from 0 (first) to `rate` (last)."""
+  return [rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
 
 
 class MlpBlock(nn.Module):
@@ -78,27 +277,45 @@ class Encoder1DBlock(nn.Module):
     num_heads: attention heads.
     dropout_rate: dropout after attention and in the MLP.
     attention_dropout_rate: dropout on the attention weights.
+    relative_max_distance: if set, add a learned relative position bias
+      (`RelativePositionBias`) with this clip distance to the attention
+      logits; then the call needs `grid`.
+    drop_path_rate: stochastic depth rate of both residual branches.
   """
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
+  relative_max_distance: Optional[int] = None
+  drop_path_rate: float = 0.
 
   @nn.compact
-  def __call__(self, inputs, *, deterministic):
+  def __call__(self, inputs, *, deterministic, grid=None):
+    attention_fn = nn.dot_product_attention
+    if self.relative_max_distance is not None:
+      if grid is None:
+        raise ValueError('A relative position bias needs the patch grid.')
+      rel = RelativePositionBias(self.relative_max_distance,
+                                 name='posembed_relative')
+      attention_fn = functools.partial(
+          _biased_attention, bias_fn=functools.partial(rel, grid=grid))
+
     x = nn.LayerNorm()(inputs)
     x = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads,
         kernel_init=nn.initializers.xavier_uniform(),
         broadcast_dropout=False,
         deterministic=deterministic,
-        dropout_rate=self.attention_dropout_rate)(x, x)
+        dropout_rate=self.attention_dropout_rate,
+        attention_fn=attention_fn)(x, x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    x = DropPath(self.drop_path_rate)(x, deterministic=deterministic)
     x = x + inputs
 
     y = nn.LayerNorm()(x)
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate)(
         y, deterministic=deterministic)
+    y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
     return x + y
 
 
@@ -111,7 +328,12 @@ class Encoder(nn.Module):
     num_heads: attention heads.
     dropout_rate: dropout rate.
     attention_dropout_rate: dropout on the attention weights.
-    add_position_embedding: add the learned 1-D position embedding.
+    add_position_embedding: use position information at all; False is
+      posemb='none' without the dropout on the input (as the original).
+    posemb: one of POSEMBS (see the module docstring).
+    relative_max_distance: clip distance of posemb='relative'.
+    stochastic_depth: drop path rate of the last block; block i of L uses
+      stochastic_depth * i / (L - 1).
   """
   num_layers: int
   mlp_dim: int
@@ -119,36 +341,92 @@ class Encoder(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   add_position_embedding: bool = True
+  posemb: str = 'learn'
+  relative_max_distance: int = 8
+  stochastic_depth: float = 0.
 
   @nn.compact
-  def __call__(self, x, *, train):
+  def __call__(self, x, *, train, grid=None):
+    """Encodes (batch, tokens, D); `grid` is the (h, w) of the patch tokens,
+    which come after any leading (class) tokens; 2-D schemes need it."""
+    if self.posemb not in POSEMBS:
+      raise ValueError(f'Unknown posemb {self.posemb!r}; expected one of '
+                       f'{POSEMBS}.')
+    posemb = self.posemb if self.add_position_embedding else 'none'
+    if posemb in ('learn2d', 'relative', 'sincos2d'):
+      if grid is None or x.shape[1] < grid[0] * grid[1]:
+        raise ValueError(f'posemb={posemb!r} needs the patch grid (h, w) of '
+                         f'the {x.shape[1]} tokens, got {grid}.')
+
     if self.add_position_embedding:
-      x = AddPositionEmbs(name='posembed_input')(x)
+      if posemb == 'learn':
+        x = AddPositionEmbs(name='posembed_input')(x)
+      elif posemb == 'learn2d':
+        x = AddPositionEmbs2D(name='posembed_input')(x, grid)
+      elif posemb == 'sincos2d':
+        pe = posemb_sincos_2d(*grid, x.shape[-1], dtype=x.dtype)
+        x = x + _pad_prefix(pe, x.shape[1] - grid[0] * grid[1])
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+
+    relative = self.relative_max_distance if posemb == 'relative' else None
+    rates = drop_path_rates(self.stochastic_depth, self.num_layers)
     for i in range(self.num_layers):
       x = Encoder1DBlock(
           mlp_dim=self.mlp_dim,
           num_heads=self.num_heads,
           dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,
-          name=f'encoderblock_{i}')(x, deterministic=not train)
+          relative_max_distance=relative,
+          drop_path_rate=rates[i],
+          name=f'encoderblock_{i}')(x, deterministic=not train, grid=grid)
     return nn.LayerNorm(name='encoder_norm')(x)
 
 
-CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
+class MAPHead(nn.Module):
+  """Multi-head attention pooling: a learned probe attends over the tokens.
+
+  Attributes:
+    num_heads: attention heads.
+    mlp_dim: hidden width of the MLP after the attention (default 4 D).
+  """
+  num_heads: int
+  mlp_dim: Optional[int] = None
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d))
+    probe = jnp.tile(probe, (n, 1, 1))
+    x = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads,
+        kernel_init=nn.initializers.xavier_uniform())(probe, x)
+    y = nn.LayerNorm()(x)
+    x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.)(
+        y, deterministic=True)
+    return x[:, 0]
+
+
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 
 
 class VisionTransformer(nn.Module):
-  """Vision Transformer.
+  """Vision Transformer, optionally on top of a ResNet (the hybrids).
 
   Attributes:
     num_classes: head size; 0 or None for no head.
-    patches: ConfigDict with `size`, the (height, width) of a patch.
+    patches: ConfigDict with `size`, the (height, width) of a patch (of the
+      ResNet's feature map for hybrids).
     transformer: ConfigDict of `Encoder` attributes.
     hidden_size: token width D.
+    resnet: for hybrids, ConfigDict with `num_layers` (units per stage; may
+      be empty for the root alone) and `width_factor` (root width is
+      64 * width_factor, stage i's bottleneck width that times 2**i).
     representation_size: width of the tanh `pre_logits` layer, if any.
-    classifier: 'token' (class token), 'gap' (mean of tokens), 'unpooled'
-      (all tokens, no class token) or 'token_unpooled' (all tokens).
+    classifier: 'token' (class token), 'gap' (mean of tokens), 'map'
+      (attention pooling, `MAPHead`), 'unpooled' (all tokens, no class
+      token) or 'token_unpooled' (all tokens).
+    posemb: position embedding scheme, one of POSEMBS (see the module
+      docstring); passed to the Encoder.
     head_bias_init: initial bias of the zero-initialized head.
     model_name: preset name, for reference only.
   """
@@ -156,8 +434,10 @@ class VisionTransformer(nn.Module):
   patches: Any
   transformer: Any
   hidden_size: int
+  resnet: Optional[Any] = None
   representation_size: Optional[int] = None
   classifier: str = 'token'
+  posemb: str = 'learn'
   head_bias_init: float = 0.
   model_name: Optional[str] = None
 
@@ -167,21 +447,33 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'Unknown classifier {self.classifier!r}; '
                        f'expected one of {CLASSIFIERS}.')
     ph, pw = patch_size(self.patches)
-    check_image_size(inputs.shape, (ph, pw))
+    x = inputs
+    if self.resnet is not None:
+      check_image_size(x.shape, (1, 1))
+      x = self._resnet(x)
+      image = f'{inputs.shape[1]}x{inputs.shape[2]}'
+      check_image_size(x.shape, (ph, pw),
+                       what=f'ResNet feature map (of the {image} image)')
+    else:
+      check_image_size(x.shape, (ph, pw))
 
     x = nn.Conv(self.hidden_size, kernel_size=(ph, pw), strides=(ph, pw),
-                padding='VALID', name='embedding')(inputs)
+                padding='VALID', name='embedding')(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     if self.classifier in ('token', 'token_unpooled'):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c))
       x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
-    x = Encoder(name='Transformer', **self.transformer)(x, train=train)
+    x = Encoder(name='Transformer', posemb=self.posemb, **self.transformer)(
+        x, train=train, grid=(h, w))
 
     if self.classifier == 'token':
       x = x[:, 0]
     elif self.classifier == 'gap':
       x = jnp.mean(x, axis=1)
+    elif self.classifier == 'map':
+      x = MAPHead(num_heads=self.transformer['num_heads'],
+                  mlp_dim=self.transformer['mlp_dim'])(x)
 
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits')(x))
@@ -194,6 +486,18 @@ class VisionTransformer(nn.Module):
                    bias_init=nn.initializers.constant(self.head_bias_init))(x)
     return x
 
+  def _resnet(self, x):
+    """ResNet root and stages; their names stay at the top level."""
+    width = int(64 * self.resnet['width_factor'])
+    x = models_resnet.StdConv(width, (7, 7), (2, 2), name='conv_root')(x)
+    x = nn.relu(nn.GroupNorm(name='gn_root')(x))
+    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
+    for i, block_size in enumerate(self.resnet['num_layers']):
+      x = models_resnet.ResNetStage(
+          block_size=block_size, nout=width * 2**i,
+          first_stride=(2, 2) if i else (1, 1), name=f'block{i + 1}')(x)
+    return x
+
 
 def patch_size(patches) -> Tuple[int, int]:
   size = patches['size'] if 'size' in patches else patches.size
@@ -201,12 +505,12 @@ def patch_size(patches) -> Tuple[int, int]:
   return int(ph), int(pw)
 
 
-def check_image_size(shape, patch: Tuple[int, int]):
+def check_image_size(shape, patch: Tuple[int, int], what: str = 'Image'):
   """Raises a ValueError unless `shape` is NHWC with sides divisible by `patch`."""
   if len(shape) != 4:
     raise ValueError(f'Expected NHWC images, got shape {tuple(shape)}.')
   _, h, w, _ = shape
   if h % patch[0] or w % patch[1] or h < patch[0] or w < patch[1]:
     raise ValueError(
-        f'Image size {h}x{w} is not a multiple of the patch size '
+        f'{what} size {h}x{w} is not a multiple of the patch size '
         f'{patch[0]}x{patch[1]}.')

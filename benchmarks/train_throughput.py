@@ -1,0 +1,79 @@
+r"""Training throughput (img/s) of a config: the jitted step alone on synthetic
+data, and the input pipeline alone.
+
+  python benchmarks/train_throughput.py --config=configs/default.py
+"""
+
+import os
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+import numpy as np
+import tensorflow as tf
+
+from vit_jax import input_pipeline
+from vit_jax import sharding
+from vit_jax import train
+
+config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config.',
+                                lock_config=True)
+flags.DEFINE_integer('steps', 50, 'Timed steps.')
+flags.DEFINE_bool('pipeline', True, 'Also time the input pipeline.')
+FLAGS = flags.FLAGS
+
+
+def _time(fn, steps):
+  fn()  # compile / warm up
+  t = time.perf_counter()
+  for _ in range(steps):
+    out = fn()
+  jax.block_until_ready(out)
+  return time.perf_counter() - t
+
+
+def main(_):
+  tf.config.set_visible_devices([], 'GPU')
+  config = FLAGS.config
+  mesh = sharding.make_mesh(config.mesh)
+  micro = config.batch // config.accum_steps
+  model = train.make_model(config, num_classes=10)
+  tx = train.make_optimizer(config)
+  shape = (micro, config.pp.crop, config.pp.crop, 3)
+  params = model.init(jax.random.key(0), jnp.zeros((1,) + shape[1:]),
+                      train=False)['params']
+  state = train.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  bsh = sharding.batch_sharding(mesh)
+  batch = {'image': jax.device_put(np.random.uniform(-1, 1, shape)
+                                   .astype(np.float32), bsh),
+           'label': jax.device_put(np.eye(10, dtype=np.float32)[
+               np.random.randint(0, 10, micro)], bsh)}
+  step = jax.jit(lambda s, b: train.train_step(s, b, rng=jax.random.key(0),
+                                               loss=config.loss),
+                 donate_argnums=0)
+  holder = [state]
+
+  def run():
+    holder[0], m = step(holder[0], batch)
+    return m['loss']
+
+  n = sum(x.size for x in jax.tree.leaves(params))
+  secs = _time(run, FLAGS.steps)
+  print(f'{config.model_name}: {n:,} params, micro-batch {micro}, '
+        f'{jax.device_count()} {jax.devices()[0].platform} device(s): '
+        f'train step {FLAGS.steps * micro / secs:.0f} img/s')
+  if FLAGS.pipeline:
+    info = input_pipeline.get_dataset_info(
+        input_pipeline.get_builder(config), config)
+    it = input_pipeline.train_iterator(info, config, batch_size=micro)
+    secs = _time(lambda: next(it), FLAGS.steps)
+    print(f'input pipeline {FLAGS.steps * micro / secs:.0f} img/s')
+
+
+if __name__ == '__main__':
+  app.run(main)

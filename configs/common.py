@@ -1,0 +1,84 @@
+"""Settings shared by every experiment config, and dataset presets."""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Defaults of everything but the model and dataset."""
+  config = ml_collections.ConfigDict()
+  # A tfds name, or a folder of {train,test}/<class_name>/<image> files.
+  config.dataset = ''
+  config.tfds_data_dir = ml_collections.config_dict.placeholder(str) # tensorflow_datasets folder (tfds default)
+  config.tfds_manual_dir = ml_collections.config_dict.placeholder(str) # files placed by hand, for tfds builders
+  config.pp = ml_collections.ConfigDict()
+  config.pp.train = 'train'  # split
+  config.pp.test = 'test'  # split
+  config.pp.crop = 384  # image side fed to the model
+  config.pp.resize = ml_collections.config_dict.placeholder(int) # eval: resize to this, then central crop
+  config.pp.area_min = 0.05  # inception crop: smallest area kept
+  config.pp.flip = True  # random horizontal flips in training
+
+  config.model_name = ''
+  config.model = None  # a ConfigDict from vit_jax.model_configs
+
+  config.total_steps = 10_000
+  config.warmup_steps = 500
+  config.base_lr = 0.03
+  config.decay_type = 'cosine'  # or 'linear'
+  config.optimizer = 'sgd'  # momentum 0.9; or 'adamw'
+  config.weight_decay = 0.0  # adamw only
+  config.grad_norm_clip = 1.0  # 0 disables clipping
+  config.loss = 'softmax_xent'  # or 'sigmoid_xent'
+  config.batch = 512
+  config.batch_eval = 512
+  config.accum_steps = 1  # micro-batches per update (saves memory)
+  config.shuffle_buffer = 50_000
+  config.prefetch = 2
+  config.seed = 0
+
+  config.progress_every = 10
+  config.eval_every = 100  # 0: only at the end
+  config.checkpoint_every = 1_000  # 0: only at the end
+  config.max_to_keep = 3
+  config.trainer = 'train'
+
+  # Devices: [(axis, size)], one size may be -1; sharding rules are
+  # [(regex over parameter paths, PartitionSpec tuple)], unmatched = replicated.
+  config.mesh = [('data', -1)]
+  config.sharding_rules = []
+  return config
+
+
+# The paper's fine-tuning setups (Appendix B.1.1): steps per dataset at 384 px.
+DATASET_PRESETS = {
+    'cifar10': dict(total_steps=10_000, pp=dict(train='train[:98%]',
+                                                test='test', crop=384)),
+    'cifar100': dict(total_steps=10_000, pp=dict(train='train[:98%]',
+                                                 test='test', crop=384)),
+    'imagenet2012': dict(total_steps=20_000, pp=dict(
+        train='train[:99%]', test='validation', crop=384)),
+    'oxford_iiit_pet': dict(total_steps=500, pp=dict(
+        train='train[:90%]', test='test', crop=384)),
+    'oxford_flowers102': dict(total_steps=500, pp=dict(
+        train='train', test='test', crop=384)),
+}
+
+
+def with_dataset(config: ml_collections.ConfigDict,
+                 dataset: str) -> ml_collections.ConfigDict:
+  if dataset not in DATASET_PRESETS:
+    raise ValueError(f'Unknown dataset preset {dataset!r}; known: '
+                     f'{sorted(DATASET_PRESETS)}.')
+  config.dataset = dataset
+  config.update_from_flattened_dict(_flatten(DATASET_PRESETS[dataset]))
+  return config
+
+
+def _flatten(d, prefix=''):
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    else:
+      out[prefix + k] = v
+  return out

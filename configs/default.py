@@ -1,0 +1,43 @@
+r"""The default job: a small ViT trained from scratch on Fashion-MNIST, offline.
+
+Fashion-MNIST comes from Debian's `dataset-fashion-mnist` package and is
+prepared by vit_jax's local tfds builder; no network is used.
+
+  python -m vit_jax.main --config=configs/default.py --workdir=/tmp/vit_default
+"""
+
+import ml_collections
+
+from configs import common
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = common.get_config()
+  config.dataset = 'fashion_mnist_local'
+  config.pp.train = 'train'
+  config.pp.test = 'test'
+  config.pp.crop = 28
+  config.pp.area_min = 0.6
+  config.pp.flip = True
+
+  config.model_name = 'ViT-fmnist'
+  config.model = ml_collections.ConfigDict(dict(
+      model_name=config.model_name,
+      patches=dict(size=(4, 4)),  # 28x28 -> a 7x7 grid of tokens
+      hidden_size=64,
+      transformer=dict(mlp_dim=128, num_heads=2, num_layers=4,
+                       dropout_rate=0.0, attention_dropout_rate=0.0),
+      classifier='token',
+      representation_size=None))
+  config.optimizer = 'adamw'
+  config.weight_decay = 1e-4
+  config.base_lr = 1e-3
+  config.warmup_steps = 200
+  config.total_steps = 4000
+  config.batch = 128
+  config.batch_eval = 1000
+  config.shuffle_buffer = 60_000
+  config.eval_every = 1000
+  config.progress_every = 100
+  config.checkpoint_every = 500
+  return config.lock()

@@ -1,0 +1,31 @@
+r"""Fine-tune a ViT with the paper's recipe (Appendix B.1.1, Table 4 setups).
+
+SGD momentum 0.9, batch 512, gradient clipping at 1, cosine decay, 384 px.
+
+  python -m vit_jax.main --config=configs/vit.py:b16,cifar10 \
+      --workdir=/tmp/vit_b16_cifar10 --config.pretrained_dir=PATH
+"""
+
+import ml_collections
+
+from configs import common
+from vit_jax import model_configs
+
+MODELS = {
+    'ti16': 'ViT-Ti_16', 's16': 'ViT-S_16', 's32': 'ViT-S_32',
+    'b16': 'ViT-B_16', 'b8': 'ViT-B_8', 'b32': 'ViT-B_32',
+    'l16': 'ViT-L_16', 'l32': 'ViT-L_32', 'h14': 'ViT-H_14',
+    'testing': 'testing',
+}
+
+
+def get_config(arg: str = 'b16,cifar10') -> ml_collections.ConfigDict:
+  model, dataset = arg.split(',')
+  if model not in MODELS:
+    raise ValueError(f'Unknown model {model!r}; known: {sorted(MODELS)}.')
+  config = common.with_dataset(common.get_config(), dataset)
+  config.model_name = MODELS[model]
+  config.model = model_configs.MODEL_CONFIGS[config.model_name].copy_and_resolve_references()
+  config.base_lr = 0.03
+  config.warmup_steps = 500
+  return config.lock()

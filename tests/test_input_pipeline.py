@@ -1,0 +1,176 @@
+"""Input pipeline: local builder, shapes, ranges, determinism, resume, eval."""
+
+import os
+import time
+
+import numpy as np
+from PIL import Image
+import pytest
+
+from conftest import fake_fashion_mnist, write_idx
+from vit_jax import input_pipeline
+from vit_jax import local_datasets
+
+
+def _info(config):
+  return input_pipeline.get_dataset_info(
+      input_pipeline.get_builder(config), config)
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def test_local_builder_reads_idx_files(tiny_config):
+  info = _info(tiny_config)
+  assert (info.num_train, info.num_test, info.num_classes) == (96, 37, 10)
+  manual = tiny_config.tfds_manual_dir
+  raw = local_datasets._read_idx(f'{manual}/train-images-idx3-ubyte.gz')
+  raw_labels = local_datasets._read_idx(f'{manual}/train-labels-idx1-ubyte.gz')
+  index = {image.tobytes(): i for i, image in enumerate(raw)}
+  seen = []
+  for ex in info.builder.as_dataset(split='train'):
+    i = index[ex['image'].numpy()[..., 0].tobytes()]
+    assert int(ex['label']) == raw_labels[i]
+    seen.append(i)
+  assert sorted(seen) == list(range(96))
+
+
+def test_train_batches(tiny_config):
+  info = _info(tiny_config)
+  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=8))
+  assert batch['image'].shape == (8, 32, 32, 3)
+  assert batch['image'].dtype == np.float32
+  assert batch['image'].min() >= -1 and batch['image'].max() <= 1
+  assert batch['image'].min() < -0.5 and batch['image'].max() > 0.5
+  # Gray images become three equal channels.
+  np.testing.assert_array_equal(batch['image'][..., 0], batch['image'][..., 2])
+  np.testing.assert_array_equal(batch['label'].sum(-1), np.ones(8))
+
+
+def test_train_deterministic_and_seeded(tiny_config):
+  info = _info(tiny_config)
+  a = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
+  b = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x['image'], y['image'])
+  tiny_config.seed = 1
+  c = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
+  assert not np.allclose(a[0]['image'], c[0]['image'])
+
+
+def test_resume_continues_the_stream(tiny_config):
+  """Starting at step k gives batches k, k+1, ... of a fresh stream, across
+  epoch boundaries (96 examples = 12 batches of 8 an epoch)."""
+  info = _info(tiny_config)
+  full = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8),
+               27)
+  for start in (5, 12, 23):
+    resumed = _take(input_pipeline.train_iterator(
+        info, tiny_config, batch_size=8, start_step=start), 27 - start)
+    for x, y in zip(full[start:], resumed):
+      np.testing.assert_array_equal(x['image'], y['image'])
+      np.testing.assert_array_equal(x['label'], y['label'])
+
+
+def test_each_epoch_is_a_reshuffled_permutation(tiny_config):
+  tiny_config.pp.crop = 28
+  tiny_config.pp.area_min = 1.0
+  tiny_config.pp.flip = False
+  info = _info(tiny_config)
+  raw = local_datasets._read_idx(
+      f'{tiny_config.tfds_manual_dir}/train-images-idx3-ubyte.gz')
+  flat_raw = {raw[i].tobytes(): i for i in range(len(raw))}
+  batches = _take(input_pipeline.train_iterator(info, tiny_config,
+                                                batch_size=8), 24)
+  images = np.concatenate([b['image'][..., 0] for b in batches])
+  pixels = np.rint((images + 1) * 127.5).astype(np.uint8)
+  order = [flat_raw[p.tobytes()] for p in pixels]
+  assert sorted(order[:96]) == list(range(96))
+  assert sorted(order[96:]) == list(range(96))
+  assert order[:96] != order[96:]
+
+
+def test_eval_covers_every_example_once(tiny_config):
+  info = _info(tiny_config)
+  batches = list(input_pipeline.eval_batches(info, tiny_config, batch_size=10))
+  assert len(batches) == 4  # 37 examples -> 3 full batches + 7 and 3 pads
+  mask = np.concatenate([b['mask'] for b in batches])
+  assert mask.sum() == 37 and mask[:37].all() and not mask[37:].any()
+  labels = np.concatenate([b['label'] for b in batches])[:37].argmax(-1)
+  np.testing.assert_array_equal(np.sort(labels), np.sort(np.arange(37) % 10))
+  assert batches[0]['image'].shape == (10, 32, 32, 3)
+
+
+def test_eval_central_crop(tiny_config):
+  tiny_config.pp.resize = 40
+  info = _info(tiny_config)
+  batch = next(input_pipeline.eval_batches(info, tiny_config, batch_size=4))
+  assert batch['image'].shape == (4, 32, 32, 3)
+
+
+def test_image_folder(tmp_path, tiny_config):
+  rng = np.random.default_rng(0)
+  for split, n in (('train', 6), ('test', 3)):
+    for cls in ('cat', 'dog'):
+      os.makedirs(tmp_path / split / cls)
+      for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), np.uint8)).save(
+            tmp_path / split / cls / f'{i}.png')
+  tiny_config.dataset = str(tmp_path)
+  info = _info(tiny_config)
+  assert (info.num_train, info.num_test, info.num_classes) == (12, 6, 2)
+  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=4))
+  assert batch['image'].shape == (4, 32, 32, 3)
+  mask = np.concatenate([b['mask'] for b in input_pipeline.eval_batches(
+      info, tiny_config, batch_size=4)])
+  assert mask.sum() == 6
+
+
+def test_unknown_dataset(tiny_config):
+  tiny_config.dataset = 'no_such_dataset_xyz'
+  with pytest.raises(ValueError, match='Unknown dataset'):
+    input_pipeline.get_builder(tiny_config)
+
+
+def test_unprepared_dataset_fails_fast(tiny_config, tmp_path):
+  tiny_config.dataset = 'cifar10'
+  tiny_config.tfds_data_dir = str(tmp_path)
+  start = time.time()
+  with pytest.raises(FileNotFoundError, match='cannot download'):
+    input_pipeline.get_builder(tiny_config)
+  assert time.time() - start < 30
+
+
+def test_missing_manual_files(tiny_config, tmp_path):
+  tiny_config.tfds_manual_dir = str(tmp_path)
+  tiny_config.tfds_data_dir = str(tmp_path / 'data')
+  with pytest.raises(FileNotFoundError, match='apt-get install'):
+    input_pipeline.get_builder(tiny_config)
+
+
+def test_truncated_idx(tmp_path):
+  write_idx(tmp_path / 'x.gz', np.zeros((5, 28, 28), np.uint8))
+  with open(tmp_path / 'x.gz', 'rb') as f:
+    data = f.read()
+  import gzip  # pylint: disable=g-import-not-at-top
+  raw = gzip.decompress(data)[:-10]
+  with gzip.open(tmp_path / 'y.gz', 'wb') as f:
+    f.write(raw)
+  with pytest.raises(ValueError, match='truncated'):
+    local_datasets._read_idx(str(tmp_path / 'y.gz'))
+
+
+def test_unknown_split(tiny_config):
+  tiny_config.pp.test = 'validation'
+  with pytest.raises(ValueError, match="Split 'validation'"):
+    _info(tiny_config)
+
+
+def test_fake_data_helper_is_learnable(tmp_path):
+  # The class is in the image, so the training tests can check learning.
+  root = fake_fashion_mnist(str(tmp_path), n_train=20, n_test=10)
+  images = local_datasets._read_idx(f'{root}/train-images-idx3-ubyte.gz')
+  labels = local_datasets._read_idx(f'{root}/train-labels-idx1-ubyte.gz')
+  rows = images.mean(-1).argmax(-1)
+  np.testing.assert_array_equal((rows - 4) // 2, labels)

@@ -1,0 +1,187 @@
+"""Hybrid R+ViT presets, parameter tree, shapes, and ResNet numerics."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import models
+from vit_jax import models_resnet
+
+# The original release's parameter counts at 224 px with 1000 classes.
+EXPECTED_PARAMS = {
+    'R+ViT-Ti_16': 6_337_704,
+    'R26+ViT-S_32': 36_431_912,
+    'R26+ViT-B_32': 101_383_976,
+    'R50+ViT-B_16': 98_659_112,
+    'R50+ViT-L_32': 328_994_856,
+}
+
+TINY = dict(num_classes=7, patches={'size': (1, 1)},
+            resnet={'num_layers': (1, 2), 'width_factor': 0.5})
+
+
+@pytest.mark.parametrize('name', sorted(EXPECTED_PARAMS))
+def test_param_count(name):
+  model = models.get_model(name, num_classes=1000)
+  assert models.count_params(model) == EXPECTED_PARAMS[name]
+
+
+def _param_shapes(model, shape):
+  return jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros(shape), train=False))['params']
+
+
+def test_param_tree_names():
+  model = models.get_model('testing', **TINY)
+  params = _param_shapes(model, (1, 32, 32, 3))
+  # Top level, as in the published hybrid checkpoints.
+  assert set(params) == {'conv_root', 'gn_root', 'block1', 'block2',
+                         'embedding', 'cls', 'Transformer', 'head'}
+  assert set(params['conv_root']) == {'kernel'}  # No bias.
+  assert params['conv_root']['kernel'].shape == (7, 7, 3, 32)
+  assert set(params['block1']) == {'unit1'}
+  assert set(params['block2']) == {'unit1', 'unit2'}
+  convs = {'conv1', 'gn1', 'conv2', 'gn2', 'conv3', 'gn3'}
+  # Shapes change in each stage's first unit only: 32 -> 128, 128 -> 256.
+  assert set(params['block1']['unit1']) == convs | {'conv_proj', 'gn_proj'}
+  assert set(params['block2']['unit1']) == convs | {'conv_proj', 'gn_proj'}
+  assert set(params['block2']['unit2']) == convs
+  unit = params['block2']['unit1']
+  assert unit['conv1']['kernel'].shape == (1, 1, 128, 64)
+  assert unit['conv2']['kernel'].shape == (3, 3, 64, 64)
+  assert unit['conv3']['kernel'].shape == (1, 1, 64, 256)
+  assert unit['conv_proj']['kernel'].shape == (1, 1, 128, 256)
+  assert params['embedding']['kernel'].shape == (1, 1, 256, 10)
+
+
+def test_last_groupnorm_starts_at_zero():
+  unit = models_resnet.ResidualUnit(32)
+  params = jax.jit(unit.init)(jax.random.key(0), jnp.ones((1, 4, 4, 16)))
+  np.testing.assert_array_equal(params['params']['gn3']['scale'], 0)
+  np.testing.assert_array_equal(params['params']['gn2']['scale'], 1)
+
+
+@pytest.mark.parametrize('resnet,patch,size,tokens', [
+    # Root /4, block2 /2: 32x48 -> 4x6 patches, plus the class token.
+    ({'num_layers': (1, 2), 'width_factor': 0.5}, 1, (32, 48), 25),
+    # Root alone, 2x2 patches: 32x32 -> 8x8 -> 4x4.
+    ({'num_layers': (), 'width_factor': 0.5}, 2, (32, 32), 17),
+])
+def test_forward_shapes(resnet, patch, size, tokens):
+  model = models.get_model('testing', num_classes=7, resnet=resnet,
+                           patches={'size': (patch, patch)})
+  x = jax.random.normal(jax.random.key(1), (2, *size, 3))
+  params = _random_params(model, x, train=False)
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  assert pe.shape == (1, tokens, 10)
+  out = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
+      params, x)
+  assert out.shape == (2, 7)
+  assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize('shape,match', [
+    # 36 -> 18 (conv) -> 9 (pool): not a multiple of 2.
+    ((1, 36, 36, 3), r'ResNet feature map \(of the 36x36 image\) size 9x9 '
+                     'is not a multiple of the patch size 2x2'),
+    ((36, 36, 3), 'NHWC'),
+])
+def test_bad_image_size(shape, match):
+  model = models.get_model('testing', num_classes=3, patches={'size': (2, 2)},
+                           resnet={'num_layers': (), 'width_factor': 0.5})
+  with pytest.raises(ValueError, match=match):
+    _param_shapes(model, shape)
+
+
+# Numpy references: a direct convolution, GroupNorm, weight standardization.
+
+
+def _conv(x, kernel, stride=1):
+  """'SAME' cross-correlation, padding as TensorFlow/XLA (extra at the end)."""
+  n, h, w, _ = x.shape
+  kh, kw, _, cout = kernel.shape
+  oh, ow = -(-h // stride), -(-w // stride)
+  ph = max((oh - 1) * stride + kh - h, 0)
+  pw = max((ow - 1) * stride + kw - w, 0)
+  x = np.pad(x, ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2),
+                 (0, 0)))
+  out = np.zeros((n, oh, ow, cout))
+  for i in range(oh):
+    for j in range(ow):
+      window = x[:, i * stride:i * stride + kh, j * stride:j * stride + kw]
+      out[:, i, j] = np.einsum('nabc,abco->no', window, kernel)
+  return out
+
+
+def _standardized(kernel, eps=1e-5):
+  flat = kernel.reshape(-1, kernel.shape[-1])
+  return (kernel - flat.mean(0)) / (flat.std(0) + eps)
+
+
+def _groupnorm(x, p, groups=32, eps=1e-6):
+  n, h, w, c = x.shape
+  g = x.reshape(n, h, w, groups, c // groups)
+  mu = g.mean((1, 2, 4), keepdims=True)
+  var = g.var((1, 2, 4), keepdims=True)
+  g = (g - mu) / np.sqrt(var + eps)
+  return g.reshape(x.shape) * p['scale'] + p['bias']
+
+
+def _random_params(module, x, seed=0, scale=0.5, **kw):
+  """Random normal parameters of `module`'s shapes (no costly init)."""
+  variables = jax.eval_shape(lambda: module.init(
+      jax.random.key(seed), jnp.asarray(x, jnp.float32), **kw))
+  leaves, treedef = jax.tree.flatten(variables['params'])
+  rng = np.random.default_rng(seed)
+  return jax.tree.unflatten(
+      treedef, [rng.normal(0, scale, l.shape).astype(np.float32)
+                for l in leaves])
+
+
+@pytest.mark.parametrize('stride,use_bias', [(1, False), (2, True)])
+def test_std_conv_matches_reference(stride, use_bias):
+  x = np.random.default_rng(1).normal(size=(2, 7, 6, 4))
+  conv = models_resnet.StdConv(5, (3, 3), (stride, stride), use_bias=use_bias)
+  # A small kernel, so that where eps goes (std + eps) shows in the result.
+  params = _random_params(conv, x, scale=0.01)
+  out = jax.jit(conv.apply)({'params': params}, jnp.asarray(x, jnp.float32))
+  expected = _conv(x, _standardized(params['kernel']), stride)
+  if use_bias:
+    expected += params['bias']
+  assert out.shape == expected.shape
+  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_standardize_statistics():
+  kernel = np.random.default_rng(2).normal(3., 2., size=(3, 3, 4, 6))
+  w = np.asarray(models_resnet.standardize(jnp.asarray(kernel)))
+  np.testing.assert_allclose(w.mean((0, 1, 2)), 0, atol=1e-5)
+  np.testing.assert_allclose(w.std((0, 1, 2)), 1, atol=1e-4)
+
+
+def _unit(x, p, stride):
+  """Bottleneck unit, written from its description."""
+  y = np.maximum(_groupnorm(_conv(x, _standardized(p['conv1']['kernel'])),
+                            p['gn1']), 0)
+  y = np.maximum(_groupnorm(
+      _conv(y, _standardized(p['conv2']['kernel']), stride), p['gn2']), 0)
+  y = _groupnorm(_conv(y, _standardized(p['conv3']['kernel'])), p['gn3'])
+  residual = x
+  if 'conv_proj' in p:
+    residual = _groupnorm(
+        _conv(x, _standardized(p['conv_proj']['kernel']), stride),
+        p['gn_proj'])
+  return np.maximum(residual + y, 0)
+
+
+@pytest.mark.parametrize('channels,stride', [(16, 2), (128, 1)])
+def test_residual_unit_matches_reference(channels, stride):
+  x = np.random.default_rng(3).normal(size=(2, 5, 5, channels))
+  unit = models_resnet.ResidualUnit(32, strides=(stride, stride))
+  params = _random_params(unit, x)
+  # Projection only when the shape changes (128 channels in, stride 1: none).
+  assert ('conv_proj' in params) == (channels != 128 or stride != 1)
+  out = jax.jit(unit.apply)({'params': params}, jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(out, _unit(x, params, stride),
+                             rtol=2e-3, atol=2e-3)

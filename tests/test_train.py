@@ -1,0 +1,208 @@
+"""Training loop: steps, sharding, resume, preemption, errors."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import make_tiny_config
+from vit_jax import input_pipeline
+from vit_jax import train
+
+
+def _assert_trees_close(a, b, rtol, atol=0.0):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol,
+                               atol=atol)
+
+
+def _interrupt_at(monkeypatch, batch_index, action):
+  """Runs `action()` when the training stream hands out batch `batch_index`."""
+  original = input_pipeline.train_iterator
+
+  def wrapped(*args, **kw):
+    for i, batch in enumerate(original(*args, **kw)):
+      if i == batch_index:
+        action(batch)
+      yield batch
+
+  monkeypatch.setattr(input_pipeline, 'train_iterator', wrapped)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory, fmnist_dirs):
+  """An uninterrupted 6-step run (checkpoints every 2 steps)."""
+  config = make_tiny_config(fmnist_dirs)
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  return config, workdir, jax.device_get(train.train_and_evaluate(config,
+                                                                  workdir))
+
+
+def test_trains_and_reports(reference, capsys):
+  config, workdir, params = reference
+  steps = sorted(int(os.path.basename(p)) for p in
+                 glob.glob(f'{workdir}/checkpoints/*') if
+                 os.path.basename(p).isdigit())
+  assert steps[-1] == 6 and len(steps) <= config.max_to_keep
+  assert glob.glob(f'{workdir}/events.out.tfevents.*')
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  # A finished workdir returns its final params without training.
+  again = train.train_and_evaluate(config, workdir)
+  _assert_trees_close(again, params, rtol=0)
+  assert 'nothing to train' in capsys.readouterr().out
+
+
+def test_progress_eval_and_metrics(tiny_config, tmp_path, capsys):
+  tiny_config.eval_every = 3
+  train.train_and_evaluate(tiny_config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert '[2/6] loss' in out and 'img/s' in out and 'ETA' in out
+  assert '[3/6] test accuracy' in out and '(37 examples)' in out
+  assert 'Done: 6 steps, test accuracy' in out
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  tags = set(events.Tags()['tensors']) | set(events.Tags()['scalars'])
+  assert {'train_loss', 'learning_rate', 'img_per_sec', 'eval_accuracy',
+          'eval_loss'} <= tags
+
+
+def test_learns(tiny_config, tmp_path):
+  """The class is visible in the fake images; a short run must find it."""
+  tiny_config.model.hidden_size = 32
+  tiny_config.model.transformer.mlp_dim = 32
+  tiny_config.total_steps = 60
+  tiny_config.batch = 16
+  tiny_config.optimizer = 'adamw'
+  tiny_config.base_lr = 3e-3
+  tiny_config.pp.area_min = 1.0
+  tiny_config.pp.flip = False
+  tiny_config.checkpoint_every = 0
+  tiny_config.progress_every = 20
+  info = input_pipeline.get_dataset_info(
+      input_pipeline.get_builder(tiny_config), tiny_config)
+  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  model = train.make_model(tiny_config, 10)
+  correct = 0
+  for batch in input_pipeline.eval_batches(info, tiny_config, batch_size=37):
+    logits = model.apply({'params': params}, batch['image'], train=False)
+    correct += np.sum(logits.argmax(-1) == batch['label'].argmax(-1))
+  assert correct / 37 > 0.5  # chance is 0.1
+
+
+def test_one_device_equals_eight(tiny_config, tmp_path, monkeypatch):
+  assert jax.device_count() == 8
+  tiny_config.total_steps = 4
+  p8 = train.train_and_evaluate(tiny_config, str(tmp_path / 'eight'))
+  monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
+  p1 = train.train_and_evaluate(tiny_config, str(tmp_path / 'one'))
+  _assert_trees_close(p1, p8, rtol=1e-4, atol=1e-6)
+
+
+def test_sharding_rules_shard_kernels(tiny_config, tmp_path):
+  tiny_config.mesh = [('data', 4), ('model', 2)]
+  tiny_config.sharding_rules = [('MlpBlock_0/Dense_0/kernel$', (None, 'model'))]
+  tiny_config.total_steps = 2
+  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  kernel = params['Transformer']['encoderblock_0']['MlpBlock_0']['Dense_0'][
+      'kernel']
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, 'model')
+  assert params['head']['kernel'].sharding.is_fully_replicated
+
+
+def test_accumulation_equals_one_big_batch(tiny_config, tmp_path):
+  """Two micro-batches of 8 give the update of one batch of 16."""
+  tiny_config.total_steps = 3
+  tiny_config.batch = 16
+  tiny_config.model.transformer.dropout_rate = 0.0
+  whole = train.train_and_evaluate(tiny_config, str(tmp_path / 'whole'))
+  tiny_config.accum_steps = 2
+  accumulated = train.train_and_evaluate(tiny_config, str(tmp_path / 'acc'))
+  _assert_trees_close(accumulated, whole, rtol=1e-4, atol=1e-6)
+  tiny_config.accum_steps = 1
+  tiny_config.batch = 8  # a different stream of data: must differ
+  other = train.train_and_evaluate(tiny_config, str(tmp_path / 'other'))
+  assert not np.allclose(other['head']['kernel'], whole['head']['kernel'])
+
+
+def test_resume_after_crash_equals_uninterrupted(reference, tmp_path,
+                                                 monkeypatch):
+  """A crash after step 5 (no save since step 4) resumes from step 4."""
+  config, _, expected = reference
+
+  def crash(batch):
+    del batch
+    raise RuntimeError('simulated crash')
+
+  _interrupt_at(monkeypatch, 5, crash)
+  with pytest.raises(RuntimeError, match='simulated crash'):
+    train.train_and_evaluate(config, str(tmp_path))
+  monkeypatch.undo()
+  resumed = train.train_and_evaluate(config, str(tmp_path))
+  _assert_trees_close(resumed, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_sigterm_saves_then_resume_equals_uninterrupted(reference, tmp_path,
+                                                        monkeypatch, capsys):
+  config, _, expected = reference
+  _interrupt_at(monkeypatch, 2,
+                lambda batch: os.kill(os.getpid(), signal.SIGTERM))
+  train.train_and_evaluate(config, str(tmp_path))
+  assert 'Preempted: saved step 3' in capsys.readouterr().out
+  assert os.path.isdir(tmp_path / 'checkpoints' / '3')
+  monkeypatch.undo()
+  resumed = train.train_and_evaluate(config, str(tmp_path))
+  _assert_trees_close(resumed, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_nan_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path,
+                                                  monkeypatch):
+  def poison(batch):
+    batch['image'][:] = np.nan
+
+  _interrupt_at(monkeypatch, 4, poison)
+  with pytest.raises(FloatingPointError, match='last good checkpoint is '
+                     'step 4'):
+    train.train_and_evaluate(tiny_config, str(tmp_path))
+  saved = sorted(os.listdir(tmp_path / 'checkpoints'))
+  assert saved == ['2', '4']
+
+
+def test_mismatched_checkpoint(reference, tmp_path):
+  config, workdir, _ = reference
+  config = config.copy_and_resolve_references()
+  config.model.hidden_size = 12
+  with pytest.raises(ValueError, match=r'(?s)does not fit.*encoder_norm/bias: '
+                     r'checkpoint \(10,\) vs model \(12,\)'):
+    train.train_and_evaluate(config, workdir)
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('pp.crop', 30, '30x30 is not a multiple of the patch size 16x16'),
+    ('batch', 12, 'divisible by the 8 devices'),
+    ('optimizer', 'lamb', "config.optimizer='lamb'"),
+    ('mesh', [('data', 3)], 'do not fit 8 devices'),
+    ('warmup_steps', 6, 'warmup_steps'),
+])
+def test_bad_config(tiny_config, tmp_path, key, value, match):
+  if '.' in key:
+    tiny_config.pp[key.split('.')[1]] = value
+  else:
+    tiny_config[key] = value
+  with pytest.raises(ValueError, match=match):
+    train.train_and_evaluate(tiny_config, str(tmp_path))
+
+
+def test_cli_rejects_unknown_key(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
+       f'--workdir={tmp_path}', '--config.learning_rate=0.1'],
+      capture_output=True, text=True, timeout=120,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert result.returncode != 0
+  assert 'learning_rate' in result.stderr

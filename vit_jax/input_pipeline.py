@@ -1,0 +1,197 @@
+"""tf.data input pipelines: tfds datasets and image folders.
+
+Training data is a pure function of (seed, example position): every epoch is
+shuffled with its own seed and every example is augmented with stateless ops
+seeded by its position in the stream. Resuming at step s therefore continues
+exactly where step s left off, with no re-seen batches.
+"""
+
+import dataclasses
+import os
+from typing import Iterator
+
+import jax
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import local_datasets  # pylint: disable=unused-import  (registers builders)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  builder: tfds.core.DatasetBuilder
+  num_classes: int
+  num_train: int
+  num_test: int
+  channels: int  # of the stored images: 1 (gray) or 3
+
+
+def get_builder(config) -> tfds.core.DatasetBuilder:
+  """A prepared tfds builder for `config.dataset` (a name or an image folder).
+
+  Fails within seconds, with instructions, when the data is not available
+  locally; it never downloads.
+  """
+  if os.path.isdir(config.dataset):
+    return tfds.ImageFolder(config.dataset)
+  try:
+    builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise ValueError(
+        f'Unknown dataset {config.dataset!r}: not a tfds name and not a '
+        'folder of {train,test}/<class>/<image> files.') from e
+  if builder.is_prepared():
+    return builder
+  if builder.MANUAL_DOWNLOAD_INSTRUCTIONS is None and not isinstance(
+      builder, local_datasets.LOCAL_BUILDERS):
+    raise FileNotFoundError(
+        f'Dataset {config.dataset!r} is not prepared in {builder.data_dir} '
+        'and this machine cannot download it. Prepare it where there is '
+        'network (`tfds build '
+        f'{config.dataset} --data_dir=DIR`), then copy DIR here and set '
+        '--config.tfds_data_dir=DIR.')
+  try:
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        manual_dir=config.tfds_manual_dir))
+  except AssertionError as e:  # tfds' way to say manual files are missing
+    raise FileNotFoundError(
+        f'Dataset {config.dataset!r} needs files to be placed by hand: '
+        f'{e}') from e
+  return builder
+
+
+def get_dataset_info(builder, config) -> DatasetInfo:
+  splits = builder.info.splits
+  for split in (config.pp.train, config.pp.test):
+    try:
+      splits[split]
+    except (KeyError, ValueError) as e:
+      raise ValueError(f'Split {split!r} not in {config.dataset!r}; it has '
+                       f'{sorted(splits)}.') from e
+  return DatasetInfo(
+      builder=builder,
+      num_classes=builder.info.features['label'].num_classes,
+      num_train=splits[config.pp.train].num_examples,
+      num_test=splits[config.pp.test].num_examples,
+      channels=builder.info.features['image'].shape[-1] or 3)
+
+
+def _to_float(image):
+  """uint8 -> float32 in [-1, 1]."""
+  return tf.cast(image, tf.float32) / 127.5 - 1.0
+
+
+def preprocess_train(image, seed, pp):
+  """Inception crop (area pp.area_min..1), resize to pp.crop, optional flip."""
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      tf.shape(image), tf.zeros([0, 0, 4], tf.float32), seed=seed,
+      area_range=(pp.area_min, 1.0), aspect_ratio_range=(3 / 4, 4 / 3),
+      min_object_covered=0.0, use_image_if_no_bounding_boxes=True)
+  image = tf.slice(image, begin, size)
+  image = tf.image.resize(_to_float(image), [pp.crop, pp.crop])
+  if pp.flip:
+    seed2 = tf.random.experimental.stateless_fold_in(seed, 1)
+    image = tf.image.stateless_random_flip_left_right(image, seed2)
+  return tf.clip_by_value(image, -1.0, 1.0)
+
+
+def preprocess_eval(image, pp):
+  """Resize to pp.crop, or to pp.resize then a central pp.crop."""
+  image = _to_float(image)
+  if pp.get('resize'):
+    image = tf.image.resize(image, [pp.resize, pp.resize])
+    off = (pp.resize - pp.crop) // 2
+    image = image[off:off + pp.crop, off:off + pp.crop]
+  else:
+    image = tf.image.resize(image, [pp.crop, pp.crop])
+  return tf.clip_by_value(image, -1.0, 1.0)
+
+
+def _decode(features, channels):
+  """Encoded image -> uint8 RGB (gray images get 3 equal channels)."""
+  image = tf.io.decode_image(features['image'], channels=channels,
+                             expand_animations=False)
+  if channels == 1:
+    image = tf.image.grayscale_to_rgb(image)
+  return image, features['label']
+
+
+def _read_process_share(builder, split):
+  """This process's share of `split`, images still encoded (cheap buffers)."""
+  nproc, index = jax.process_count(), jax.process_index()
+  folder = isinstance(builder, tfds.ImageFolder)  # it has no sub-split API
+  if not folder:
+    split = tfds.split_for_jax_process(split, drop_remainder=False)
+  ds = builder.as_dataset(
+      split=split, shuffle_files=False,
+      decoders={'image': tfds.decode.SkipDecoding()},
+      read_config=tfds.ReadConfig(add_tfds_id=False))
+  return ds.shard(nproc, index) if folder and nproc > 1 else ds
+
+
+def train_iterator(info: DatasetInfo, config, *, batch_size: int,
+                   start_step: int = 0) -> Iterator[dict]:
+  """Yields this process's training batches from step `start_step` on.
+
+  Args:
+    info: from `get_dataset_info`.
+    config: the experiment config (pp, shuffle_buffer, seed, prefetch).
+    batch_size: examples per batch on this process.
+    start_step: batches already consumed (when resuming).
+  """
+  base = _read_process_share(info.builder, config.pp.train)
+  n = int(base.cardinality())
+  if n < 0:
+    n = int(base.reduce(0, lambda count, _: count + 1))
+  if n < batch_size:
+    raise ValueError(f'Split {config.pp.train!r} has {n} examples on this '
+                     f'process, fewer than the batch of {batch_size}.')
+  first_epoch, offset = divmod(start_step * batch_size, n)
+  seed = config.seed * 1000 + jax.process_index()
+
+  def epoch(e):
+    return base.shuffle(min(config.shuffle_buffer, n), seed=seed + 7919 * e,
+                        reshuffle_each_iteration=False)
+
+  ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
+  ds = ds.enumerate(start=first_epoch * n).skip(offset)
+
+  def process(position, features):
+    image, label = _decode(features, info.channels)
+    example_seed = tf.stack([tf.constant(seed, tf.int64), position])
+    return {'image': preprocess_train(image, example_seed, config.pp),
+            'label': tf.one_hot(label, info.num_classes)}
+
+  ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size, drop_remainder=True)
+  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+
+
+def eval_batches(info: DatasetInfo, config, *, batch_size: int):
+  """Test batches covering every example once; padding has mask 0.
+
+  Every process yields the same number of batches (needed by the collective
+  eval step), padding its share of the split as needed.
+  """
+  largest_share = -(-info.num_test // jax.process_count())
+  num_batches = -(-largest_share // batch_size)
+
+  def process(features):
+    image, label = _decode(features, info.channels)
+    image = preprocess_eval(image, config.pp)
+    return {'image': image, 'label': tf.one_hot(label, info.num_classes),
+            'mask': tf.constant(1.0)}
+
+  ds = _read_process_share(info.builder, config.pp.test).map(
+      process, num_parallel_calls=tf.data.AUTOTUNE)
+  pad = {k: tf.zeros(v.shape, v.dtype) for k, v in ds.element_spec.items()}
+  ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat())
+  ds = ds.take(num_batches * batch_size).batch(batch_size)
+  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+
+
+def host_batch_size(global_batch: int) -> int:
+  if global_batch % jax.process_count():
+    raise ValueError(f'Batch {global_batch} is not divisible by the '
+                     f'{jax.process_count()} processes.')
+  return global_batch // jax.process_count()

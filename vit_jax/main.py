@@ -1,0 +1,39 @@
+"""Command line: `python -m vit_jax.main --config=configs/vit.py:b16,cifar10
+--workdir=DIR [--config.base_lr=0.01 ...]`."""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+import tensorflow as tf
+
+from vit_jax import train
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file(
+    'config', None, 'Experiment config file (path[:argument]).',
+    lock_config=True)
+flags.DEFINE_string('workdir', None, 'Checkpoints and TensorBoard events.')
+flags.DEFINE_bool('distributed', False,
+                  'Call jax.distributed.initialize() (multi-host runs).')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
+  if FLAGS.distributed:
+    jax.distributed.initialize()
+  logging.info('JAX process %d/%d, devices %s', jax.process_index(),
+               jax.process_count(), jax.devices())
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+if __name__ == '__main__':
+  app.run(main)
