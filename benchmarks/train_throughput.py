@@ -48,6 +48,10 @@ def main(_):
   params = model.init(jax.random.key(0), jnp.zeros((1,) + shape[1:]),
                       train=False)['params']
   state = train.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  # As in training: every argument placed on the mesh (mixing placements
+  # makes XLA copy the state every step).
+  state = jax.device_put(state, sharding.tree_shardings(
+      state, mesh, config.sharding_rules))
   bsh = sharding.batch_sharding(mesh)
   batch = {'image': jax.device_put(np.random.uniform(-1, 1, shape)
                                    .astype(np.float32), bsh),

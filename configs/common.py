@@ -19,6 +19,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.flip = True  # random horizontal flips in training
 
   config.model_name = ''
+  # Fine-tune from `pretrained_path`, or `{pretrained_dir}/{model_name}.npz`
+  # (a finished workdir holds one); neither: train from scratch.
+  config.pretrained_dir = ml_collections.config_dict.placeholder(str)
+  config.pretrained_path = ml_collections.config_dict.placeholder(str)
   config.model = None  # a ConfigDict from vit_jax.model_configs
 
   config.total_steps = 10_000

@@ -28,7 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
       transformer=dict(mlp_dim=128, num_heads=2, num_layers=4,
                        dropout_rate=0.0, attention_dropout_rate=0.0),
       classifier='token',
-      representation_size=None))
+      representation_size=None,
+      posemb='learn'))
   config.optimizer = 'adamw'
   config.weight_decay = 1e-4
   config.base_lr = 1e-3

@@ -41,7 +41,8 @@ def _init(model, size):
   params = _random_params(model, size, seed=1)
   params['head'] = {
       'kernel': np.zeros_like(params['head']['kernel']),
-      'bias': np.full_like(params['head']['bias'], model.head_bias_init)}
+      'bias': np.full_like(params['head']['bias'],
+                           getattr(model, 'head_bias_init', 0.))}
   return params
 
 
@@ -314,7 +315,9 @@ def test_load_pretrained_drop_head_and_resize(pretrained):
       model_config=models.MODEL_CONFIGS['testing'], resize_method='linear_zoom')
   np.testing.assert_array_equal(params['head']['kernel'], np.zeros((10, 3)))
   np.testing.assert_array_equal(params['head']['bias'], np.full(3, -2.5))
-  assert params['pre_logits'] == {}
+  # The model has no pre_logits parameters: the result is shaped like init.
+  assert 'pre_logits' not in params
+  assert jax.tree.structure(params) == jax.tree.structure(init)
   for key in ('embedding', 'cls'):
     _assert_trees_equal(params[key], ckpt[key])
   _assert_trees_equal(params['Transformer']['encoderblock_0'],
@@ -500,3 +503,404 @@ def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
   np.testing.assert_array_equal(checkpoint.load(path)['w'], np.ones(3))
   with pytest.raises(ValueError, match='bfloat16'):
     checkpoint.save({'w': jnp.ones(3, jnp.bfloat16)}, path)
+
+
+# Hybrids, Mixers, the MAP head and the position-embedding schemes.
+
+
+def _transformer(**kw):
+  return dict(dict(num_layers=1, mlp_dim=10, num_heads=2), **kw)
+
+
+def _hybrid(**kw):
+  """A tiny R26-style hybrid: root and 2 stages (8x down), 2x2 patches."""
+  kw.setdefault('num_classes', 3)
+  return models.get_model(
+      'R26+ViT-S_32', hidden_size=12, patches=dict(size=(2, 2)),
+      transformer=_transformer(num_layers=2, stochastic_depth=0.1),
+      resnet=dict(num_layers=(1, 1), width_factor=0.5), **kw)
+
+
+def _mixer(**kw):
+  kw.setdefault('num_classes', 3)
+  return models.get_model('Mixer-testing', **kw)
+
+
+def _outputs(model, size, *trees):
+  """`model`'s outputs for each parameter tree, on the same inputs."""
+  x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (2, *size, 3)),
+                  jnp.float32)
+  fn = jax.jit(lambda p: model.apply({'params': p}, x, train=False))
+  return [np.asarray(fn(p)) for p in trees]
+
+
+def _published(key):
+  """The file's name for a Linen key: only encoder blocks are renamed."""
+  parts = key.split('/')
+  for i in range(len(parts) - 1):
+    if (re.fullmatch(r'encoderblock_\d+', parts[i]) and
+        parts[i + 1] in LINEN_BLOCK):
+      parts[i + 1] = PRE_LINEN_BLOCK[LINEN_BLOCK.index(parts[i + 1])]
+  return '/'.join(parts)
+
+
+def _is_groupnorm(key):
+  return re.search(r'(^|/)gn(\d+|_root|_proj)/(scale|bias)$', key) is not None
+
+
+def _without(tree, *keys):
+  return {k: v for k, v in tree.items() if k not in keys}
+
+
+VARIANTS = {
+    'hybrid': (_hybrid, (64, 64)),
+    'mixer': (_mixer, (32, 32)),
+    'map': (lambda: _model(classifier='map'), (32, 32)),
+    'learn2d': (lambda: _model(posemb='learn2d'), (48, 32)),
+    'relative': (lambda: _model(posemb='relative', transformer=_transformer(
+        num_layers=2, relative_max_distance=2, stochastic_depth=0.1)),
+                 (48, 32)),
+}
+
+
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_round_trip_variants(tmp_path, variant):
+  make, size = VARIANTS[variant]
+  model = make()
+  params = _random_params(model, size)
+  path = tmp_path / f'{variant}.npz'
+  checkpoint.save(params, path)
+  with np.load(path, allow_pickle=False) as f:
+    on_disk = {k: f[k] for k in f.files}
+  flat = _flat(params)
+  assert set(on_disk) == {_published(k) for k in flat}
+  for key, value in flat.items():
+    stored = on_disk[_published(key)]
+    # GroupNorm scale/bias: (1, 1, 1, C) on disk, (C,) in memory.
+    want = (1, 1, 1, *value.shape) if _is_groupnorm(key) else value.shape
+    assert stored.shape == want, key
+    np.testing.assert_array_equal(stored.ravel(), value.ravel())
+
+  loaded = checkpoint.load(path)
+  _assert_trees_equal(loaded, params)
+  before, after = _outputs(model, size, params, loaded)
+  assert np.all(np.isfinite(before)) and np.abs(before).min() > 0
+  np.testing.assert_array_equal(after, before)
+
+  keys = set(on_disk)
+  block = 'Transformer/encoderblock_1'
+  if variant == 'hybrid':
+    assert sum(map(_is_groupnorm, keys)) == 2 * (1 + 4 + 4)
+    assert on_disk['gn_root/scale'].shape == (1, 1, 1, 32)
+    assert on_disk['block2/unit1/gn_proj/bias'].shape == (1, 1, 1, 256)
+    assert loaded['block2']['unit1']['gn3']['scale'].shape == (256,)
+    assert loaded['block2']['unit1']['conv_proj']['kernel'].shape == (
+        1, 1, 128, 256)
+    assert f'{block}/MultiHeadDotProductAttention_1/query/kernel' in keys
+  elif variant == 'mixer':
+    assert {'MixerBlock_1/LayerNorm_1/scale',
+            'MixerBlock_1/token_mixing/Dense_1/kernel',
+            'MixerBlock_0/channel_mixing/Dense_0/bias',
+            'pre_head_layer_norm/scale', 'stem/kernel'} <= keys
+    assert not any('encoderblock' in k or 'LayerNorm_2' in k for k in keys)
+  elif variant == 'map':
+    head = 'MAPHead_0'
+    assert {f'{head}/probe', f'{head}/LayerNorm_0/scale',
+            f'{head}/MultiHeadDotProductAttention_0/query/kernel',
+            f'{head}/MultiHeadDotProductAttention_0/out/bias',
+            f'{head}/MlpBlock_0/Dense_1/kernel'} <= keys
+    assert not any(re.search(r'MAPHead_0/.*(LayerNorm|MlpBlock|'
+                             r'MultiHeadDotProductAttention)_[1-9]', k)
+                   for k in keys)
+    assert 'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' in keys
+  elif variant == 'learn2d':
+    assert on_disk['Transformer/posembed_input/pos_embedding_row'].shape == (
+        1, 3, 5)
+    assert on_disk['Transformer/posembed_input/pos_embedding_col'].shape == (
+        1, 2, 5)
+  else:
+    # posembed_relative keeps its name; the rest of the block is published.
+    assert on_disk[f'{block}/posembed_relative/rel_embedding'].shape == (
+        5, 5, 2, 5)
+    assert f'{block}/MultiHeadDotProductAttention_1/query/kernel' in keys
+    assert f'{block}/LayerNorm_2/scale' in keys
+    assert not any('MultiHeadDotProductAttention_0' in k for k in keys)
+
+
+def _smooth_1d(n, channels=5):
+  """Known smooth channels at entry centers (i + .5) / n; two quadratic."""
+  u = (np.arange(n) + .5) / n
+  return np.stack([1 + 2 * u - 3 * u * u, u * u - .5 * u, np.sin(2 * u),
+                   np.cos(3 * u), np.exp(-u)][:channels], -1)
+
+
+def test_resize_posemb_1d_samples_the_function_at_new_centers():
+  for old, new in ((8, 12), (8, 6), (14, 24), (10, 5)):
+    out = checkpoint.resize_posemb_1d(
+        _smooth_1d(old)[None].astype(np.float32), new)
+    assert out.shape == (1, new, 5) and out.dtype == np.float32
+    got, want, inside = out[0], _smooth_1d(new), _inside(old, new)
+    assert inside.sum() >= 2
+    np.testing.assert_allclose(got[inside][:, :2], want[inside][:, :2],
+                               atol=1e-5)
+    np.testing.assert_allclose(got[inside], want[inside], atol=5e-3)
+    np.testing.assert_allclose(got, want, atol=0.1)
+    # The 1-D resize is the 2-D one on a grid of one column.
+    np.testing.assert_allclose(out, checkpoint.resize_posemb_grid(
+        _smooth_1d(old)[None].astype(np.float32), old_grid=(old, 1),
+        new_grid=(new, 1), has_class_token=False), atol=1e-6)
+
+
+def test_resize_posemb_1d_linear_zoom_and_errors():
+  table = np.random.default_rng(0).normal(size=(1, 6, 4)).astype(np.float32)
+  np.testing.assert_array_equal(
+      checkpoint.resize_posemb_1d(table, 9, method='linear_zoom')[0],
+      scipy.ndimage.zoom(table[0], (9 / 6, 1), order=1))
+  for method in ('bicubic', 'linear_zoom'):
+    np.testing.assert_array_equal(
+        checkpoint.resize_posemb_1d(table, 6, method=method), table)
+  with pytest.raises(ValueError, match="Unknown resize method 'cubic'"):
+    checkpoint.resize_posemb_1d(table, 9, method='cubic')
+  with pytest.raises(ValueError, match=r'Expected a \(1, tokens, width\)'):
+    checkpoint.resize_posemb_1d(table[0], 9)
+  with pytest.raises(ValueError, match='new_length must be positive'):
+    checkpoint.resize_posemb_1d(table, 0)
+
+
+@pytest.fixture
+def learn2d_pretrained(tmp_path):
+  """A learn2d ViT trained at 32x32 in 4x4 patches (8x8 grid), whose row
+  and column tables are known smooth functions of the patch centers."""
+  model = _model(num_classes=5, posemb='learn2d', patches=dict(size=(4, 4)))
+  params = _random_params(model, (32, 32))
+  tables = params['Transformer']['posembed_input']
+  tables['pos_embedding_row'] = _smooth_1d(8)[None].astype(np.float32)
+  tables['pos_embedding_col'] = _smooth_1d(8)[None, :, ::-1].astype(
+      np.float32)
+  path = tmp_path / 'learn2d.npz'
+  checkpoint.save(params, path)
+  return path, params
+
+
+@pytest.mark.parametrize('size,grid', [((48, 64), (12, 16)),
+                                       ((24, 40), (6, 10))])
+def test_load_pretrained_learn2d_resizes_rows_and_columns(
+    learn2d_pretrained, size, grid):
+  path, ckpt = learn2d_pretrained
+  model = _model(posemb='learn2d', patches=dict(size=(4, 4)))
+  init = _init(model, size)
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init,
+      model_config={'classifier': 'token', 'posemb': 'learn2d'})
+  assert jax.tree.structure(params) == jax.tree.structure(init)
+  tables = params['Transformer']['posembed_input']
+  row, col = tables['pos_embedding_row'], tables['pos_embedding_col']
+  assert row.shape == (1, grid[0], 5) and col.shape == (1, grid[1], 5)
+  # Against the functions at the new centers (i + .5) / h: exact for the
+  # quadratic channels where all four cubic taps lie inside the old table.
+  for table, n, flip in ((row, grid[0], False), (col, grid[1], True)):
+    want = _smooth_1d(n)[:, ::-1] if flip else _smooth_1d(n)
+    quadratic = [3, 4] if flip else [0, 1]
+    inside = _inside(8, n)
+    np.testing.assert_allclose(table[0][inside][:, quadratic],
+                               want[inside][:, quadratic], atol=1e-5)
+    np.testing.assert_allclose(table[0][inside], want[inside], atol=5e-3)
+    np.testing.assert_allclose(table[0], want, atol=0.1)
+  # Everything else is the checkpoint's, the head init's.
+  _assert_trees_equal(_without(params, 'Transformer', 'head'),
+                      _without(ckpt, 'Transformer', 'head'))
+  _assert_trees_equal(_without(params['Transformer'], 'posembed_input'),
+                      _without(ckpt['Transformer'], 'posembed_input'))
+  _assert_trees_equal(params['head'], init['head'])
+  # The same with the grid given, or with the original's linear zoom.
+  _assert_trees_equal(checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init, new_grid=grid, old_grid=(8, 8),
+      model_config={'classifier': 'token', 'posemb': 'learn2d'}), params)
+  zoomed = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init, resize_method='linear_zoom',
+      model_config={'classifier': 'token', 'posemb': 'learn2d'})
+  old = ckpt['Transformer']['posembed_input']
+  for name, n in (('pos_embedding_row', grid[0]),
+                  ('pos_embedding_col', grid[1])):
+    np.testing.assert_array_equal(
+        zoomed['Transformer']['posembed_input'][name][0],
+        scipy.ndimage.zoom(old[name][0], (n / 8, 1), order=1))
+  out, = _outputs(model, size, params)
+  assert out.shape == (2, 3) and np.all(np.isfinite(out))
+
+
+def test_load_pretrained_learn2d_grid_must_match(learn2d_pretrained):
+  path, _ = learn2d_pretrained
+  model = _model(posemb='learn2d', patches=dict(size=(4, 4)))
+  with pytest.raises(
+      checkpoint.CheckpointError,
+      match=(re.escape(f'Cannot resize pos_embedding_row of {path} from '
+                       '(1, 8, 5) to (1, 12, 5): new_grid (16, 12) does not '
+                       'match the length 12'))):
+    checkpoint.load_pretrained(
+        pretrained_path=path, init_params=_init(model, (48, 64)),
+        new_grid=(16, 12), model_config={'posemb': 'learn2d'})
+
+
+@pytest.mark.parametrize('posemb', ['relative', 'sincos2d', 'none'])
+def test_load_pretrained_posembs_without_resize(tmp_path, posemb):
+  make = lambda **kw: _model(hidden_size=12, posemb=posemb, transformer=(
+      _transformer(num_layers=2, relative_max_distance=2)), **kw)
+  ckpt = _random_params(make(num_classes=5), (32, 32))
+  path = tmp_path / f'{posemb}.npz'
+  checkpoint.save(ckpt, path)
+  model = make()
+  init = _init(model, (64, 48))  # 2x2 -> 4x3 patches
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init,
+      model_config={'classifier': 'token', 'posemb': posemb})
+  assert jax.tree.structure(params) == jax.tree.structure(init)
+  _assert_trees_equal(_without(params, 'head'), _without(ckpt, 'head'))
+  _assert_trees_equal(params['head'], init['head'])
+  if posemb == 'relative':
+    assert params['Transformer']['encoderblock_1']['posembed_relative'][
+        'rel_embedding'].shape == (5, 5, 2, 6)
+  out, = _outputs(model, (64, 48), params)
+  assert out.shape == (2, 3) and np.all(np.isfinite(out))
+
+
+def test_relative_tables_of_another_size(tmp_path):
+  make = lambda k: _model(posemb='relative', transformer=_transformer(
+      num_layers=2, relative_max_distance=k))
+  path = tmp_path / 'relative.npz'
+  checkpoint.save(_random_params(make(2), (32, 32)), path)
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.load_pretrained(
+        pretrained_path=path, init_params=_init(make(3), (64, 64)),
+        model_config={'posemb': 'relative'})
+  message = str(e.value)
+  assert str(path) in message and 'relative_max_distance' in message
+  assert ('Transformer/encoderblock_0/posembed_relative/rel_embedding is '
+          '(5, 5, 2, 5) in the checkpoint and (7, 7, 2, 5) in the model'
+          in message)
+  assert ('2 relative position tables have the wrong shape (checkpoint vs '
+          'model):\n    Transformer/encoderblock_0/posembed_relative/'
+          'rel_embedding: (5, 5, 2, 5) vs (7, 7, 2, 5)' in message)
+
+
+def test_load_pretrained_hybrid_at_new_resolution(tmp_path):
+  ckpt = _random_params(_hybrid(num_classes=5), (64, 64))  # 4x4 grid
+  path = tmp_path / 'hybrid.npz'
+  checkpoint.save(ckpt, path)
+  model = _hybrid(head_bias_init=-1.)
+  # 96x64 image -> 12x8 feature map (8x down) -> 6x4 grid of 2x2 patches.
+  init = _init(model, (96, 64))
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init, new_grid=(6, 4),
+      model_config=_model_config_of(model))
+  assert jax.tree.structure(params) == jax.tree.structure(init)
+  pe = params['Transformer']['posembed_input']['pos_embedding']
+  old = ckpt['Transformer']['posembed_input']['pos_embedding']
+  np.testing.assert_array_equal(pe, checkpoint.resize_posemb_grid(
+      old, new_grid=(6, 4), has_class_token=True))
+  assert pe.shape == (1, 1 + 24, 12)
+  for key in ('conv_root', 'gn_root', 'block1', 'block2', 'embedding', 'cls'):
+    _assert_trees_equal(params[key], ckpt[key])
+  assert params['block1']['unit1']['gn_proj']['scale'].shape == (128,)
+  out, = _outputs(model, (96, 64), params)
+  np.testing.assert_allclose(out, np.full((2, 3), -1.))
+
+
+def _model_config_of(model):
+  """The config `load_pretrained` reads, from a model's attributes."""
+  return {'classifier': model.classifier, 'posemb': model.posemb,
+          'representation_size': model.representation_size}
+
+
+def _documented_grid(config, image):
+  """The `new_grid` that load_pretrained documents for a hybrid."""
+  stages = len(config.resnet.num_layers)
+  down = 4 * 2**max(stages - 1, 0)
+  ph, pw = config.patches.size
+  return image[0] // down // ph, image[1] // down // pw
+
+
+@pytest.mark.parametrize('name', ['R+ViT-Ti_16', 'R26+ViT-S_32',
+                                  'R50+ViT-B_16'])
+def test_hybrid_grid_as_documented(name):
+  image = (384, 320)
+  model = models.get_model(name, num_classes=0)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, *image, 3)), train=False))['params']
+  h, w = _documented_grid(models.MODEL_CONFIGS[name], image)
+  assert shapes['Transformer']['posembed_input']['pos_embedding'].shape[
+      1] == 1 + h * w
+
+
+def test_load_pretrained_map_head(tmp_path):
+  ckpt = _random_params(_model(num_classes=5, classifier='map'))
+  path = tmp_path / 'map.npz'
+  checkpoint.save(ckpt, path)
+  model = _model(classifier='map')
+  init = _init(model, (48, 48))
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=init,
+      model_config={'classifier': 'map', 'representation_size': None})
+  assert jax.tree.structure(params) == jax.tree.structure(init)
+  _assert_trees_equal(params['MAPHead_0'], ckpt['MAPHead_0'])
+  _assert_trees_equal(params['head'], init['head'])
+  # No class token: all 2x2 -> 3x3 tokens are grid tokens.
+  np.testing.assert_array_equal(
+      params['Transformer']['posembed_input']['pos_embedding'],
+      checkpoint.resize_posemb_grid(
+          ckpt['Transformer']['posembed_input']['pos_embedding'],
+          new_grid=(3, 3), has_class_token=False))
+  out, = _outputs(model, (48, 48), params)
+  assert out.shape == (2, 3) and np.all(np.isfinite(out))
+
+
+def test_load_pretrained_mixer(tmp_path):
+  ckpt = _random_params(_mixer(num_classes=5))
+  path = tmp_path / 'mixer.npz'
+  checkpoint.save(ckpt, path)
+  model = _mixer()
+  init = _init(model, (32, 32))
+  config = models.MODEL_CONFIGS['Mixer-testing']
+  params = checkpoint.load_pretrained(pretrained_path=path, init_params=init,
+                                      model_config=config)
+  assert jax.tree.structure(params) == jax.tree.structure(init)
+  assert 'pre_logits' not in params
+  _assert_trees_equal(_without(params, 'head'), _without(ckpt, 'head'))
+  np.testing.assert_array_equal(params['head']['kernel'], np.zeros((16, 3)))
+  np.testing.assert_array_equal(params['head']['bias'], np.zeros(3))
+  out, = _outputs(model, (32, 32), params)
+  np.testing.assert_array_equal(out, np.zeros((2, 3)))
+
+  # 48x48 makes 9 patches instead of 4: no resize can fix the token MLPs.
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.load_pretrained(pretrained_path=path, init_params=_init(
+        model, (48, 48)), model_config=config)
+  message = str(e.value)
+  assert message.startswith(f'Checkpoint {path} is an MLP-Mixer for 4 '
+                            'patches, but the model makes 9')
+  assert 'cannot be fine-tuned at another resolution' in message
+  assert ('6 token-mixing parameters have the wrong shape (checkpoint vs '
+          'model):' in message)
+  assert 'MixerBlock_0/token_mixing/Dense_0/kernel: (4, 8) vs (9, 8)' in message
+
+
+def test_load_pretrained_config_errors(pretrained, learn2d_pretrained):
+  path, _ = pretrained
+  init = _init(_model(), (32, 32))
+  with pytest.raises(ValueError, match="Unknown model_config.posemb 'learn3d'"):
+    checkpoint.load_pretrained(pretrained_path=path, init_params=init,
+                               model_config={'posemb': 'learn3d'})
+  with pytest.raises(ValueError, match="Unknown resize method 'cubic'"):
+    checkpoint.load_pretrained(pretrained_path=path, init_params=init,
+                               model_config={}, resize_method='cubic')
+  with pytest.raises(ValueError, match=r"posemb='learn2d', but the model has "
+                     r"the position tables \['pos_embedding'\]"):
+    checkpoint.load_pretrained(pretrained_path=path, init_params=init,
+                               model_config={'posemb': 'learn2d'})
+  # A learn2d checkpoint for a 'learn' model: the usual listing.
+  path2d, _ = learn2d_pretrained
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'missing:\n    Transformer/posembed_input/'
+                     r'pos_embedding: \(1, 5, 10\)'):
+    checkpoint.load_pretrained(pretrained_path=path2d, init_params=init,
+                               model_config={})

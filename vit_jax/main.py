@@ -28,6 +28,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # progress lines are printed
   if FLAGS.distributed:
     jax.distributed.initialize()
   logging.info('JAX process %d/%d, devices %s', jax.process_index(),

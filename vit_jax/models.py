@@ -24,9 +24,12 @@ def get_model(name: str, **kw) -> nn.Module:
   if name not in MODEL_CONFIGS:
     raise ValueError(f'Unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}.')
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
-  if name.startswith('Mixer-'):
-    return MlpMixer(**config)
-  return VisionTransformer(**config)
+  return model_class(name)(**config)
+
+
+def model_class(name: str):
+  """The model family of a preset or custom model name."""
+  return MlpMixer if name.startswith('Mixer-') else VisionTransformer
 
 
 def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:

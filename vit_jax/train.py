@@ -1,6 +1,7 @@
 """Training and evaluation: one jitted step on a device mesh, Orbax resume."""
 
 import functools
+import json
 import os
 import signal
 import threading
@@ -11,12 +12,14 @@ from clu import metric_writers
 import flax
 from flax.training import train_state
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import sharding
@@ -25,7 +28,29 @@ TrainState = train_state.TrainState
 
 
 def make_model(config, num_classes: int):
-  return models.VisionTransformer(num_classes=num_classes, **config.model)
+  return models.model_class(config.model.model_name)(
+      num_classes=num_classes, **config.model)
+
+
+def pretrained_path(config):
+  """`pretrained_path`, else `{pretrained_dir}/{model_name}.npz`, else None."""
+  if config.pretrained_path:
+    return config.pretrained_path
+  if config.pretrained_dir:
+    return os.path.join(config.pretrained_dir, f'{config.model_name}.npz')
+  return None
+
+
+def _token_grid(model, image_shape):
+  """The (h, w) grid of patch tokens the model makes of `image_shape`."""
+  def embed(x):
+    return model.apply(
+        model.init(jax.random.key(0), x, train=False), x, train=False,
+        capture_intermediates=lambda mdl, _: mdl.name == 'embedding')
+  _, inter = jax.eval_shape(embed, jnp.zeros(image_shape))
+  if 'embedding' not in inter['intermediates']:
+    return None  # a Mixer: its token count is fixed
+  return tuple(inter['intermediates']['embedding']['__call__'][0].shape[1:3])
 
 
 def make_schedule(config) -> optax.Schedule:
@@ -218,6 +243,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     logging.info('Resumed from step %d in %s', latest, ckpt_dir)
   else:
     state = jax.jit(init_state, out_shardings=state_sh)()
+    path = pretrained_path(config)
+    if path:
+      params = checkpoint.load_pretrained(
+          pretrained_path=path, init_params=jax.device_get(state.params),
+          model_config=config.model,
+          new_grid=_token_grid(model, image_shape))
+      state = state.replace(params=jax.device_put(params, state_sh.params))
+      print(f'Fine-tuning from {path}.', flush=True)
   start_step = latest or 0
   if start_step >= config.total_steps:
     print(f'{workdir} already holds the final step {start_step}; '
@@ -297,10 +330,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   mngr.close()
   writer.flush()
   if step == config.total_steps:
+    export_npz(state.params, os.path.join(workdir, f'{config.model_name}.npz'))
+    secs = time.perf_counter() - t_start
+    if jax.process_index() == 0:
+      with open(os.path.join(workdir, 'results.json'), 'w') as f:
+        json.dump(dict(result, step=step, seconds_since_start=secs), f)
     print(f'Done: {config.total_steps} steps, test accuracy '
-          f'{result["accuracy"]:.4f}, {time.perf_counter() - t_start:.0f} s '
-          f'of training since start or resume.', flush=True)
+          f'{result["accuracy"]:.4f}, {secs:.0f} s since start or resume.',
+          flush=True)
   return state.params
+
+
+def export_npz(params, path):
+  """Writes params in the original release's .npz format (process 0)."""
+  if not all(x.is_fully_addressable for x in jax.tree.leaves(params)):
+    params = multihost_utils.process_allgather(params, tiled=True)
+  params = jax.device_get(params)
+  if jax.process_index() == 0:
+    checkpoint.save(params, path)
 
 
 def _flatten(config, prefix=''):
