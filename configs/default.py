@@ -17,24 +17,25 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.train = 'train'
   config.pp.test = 'test'
   config.pp.crop = 28
-  config.pp.area_min = 0.6
+  # Short training underfits: whole images (no crops), random flips only.
+  config.pp.area_min = 1.0
   config.pp.flip = True
 
   config.model_name = 'ViT-fmnist'
   config.model = ml_collections.ConfigDict(dict(
       model_name=config.model_name,
-      patches=dict(size=(4, 4)),  # 28x28 -> a 7x7 grid of tokens
-      hidden_size=64,
-      transformer=dict(mlp_dim=128, num_heads=2, num_layers=4,
+      patches=dict(size=(7, 7)),  # 28x28 -> a 4x4 grid of tokens
+      hidden_size=128,
+      transformer=dict(mlp_dim=256, num_heads=4, num_layers=4,
                        dropout_rate=0.0, attention_dropout_rate=0.0),
       classifier='token',
       representation_size=None,
       posemb='learn'))
   config.optimizer = 'adamw'
-  config.weight_decay = 1e-4
-  config.base_lr = 1e-3
+  config.weight_decay = 0.05
+  config.base_lr = 2e-3
   config.warmup_steps = 200
-  config.total_steps = 4000
+  config.total_steps = 4500
   config.batch = 128
   config.batch_eval = 1000
   config.shuffle_buffer = 60_000
