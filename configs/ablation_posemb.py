@@ -24,7 +24,7 @@ def get_config(variant: str = 'learn') -> ml_collections.ConfigDict:
     config.model.classifier = 'gap'
   else:
     config.model.posemb = variant
-  config.total_steps = 1000
+  config.total_steps = 1500
   config.eval_every = 0
   config.checkpoint_every = 0
   return config.lock()

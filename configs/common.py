@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 100  # 0: only at the end
   config.checkpoint_every = 1_000  # 0: only at the end
   config.max_to_keep = 3
-  config.trainer = 'train'
+  config.trainer = 'train'  # or 'inference_time': forward img/s, no data
 
   # Devices: [(axis, size)], one size may be -1; sharding rules are
   # [(regex over parameter paths, PartitionSpec tuple)], unmatched = replicated.

@@ -243,3 +243,51 @@ def test_missing_pretrained_file(tiny_config, tmp_path):
   tiny_config.pretrained_path = str(tmp_path / 'nope.npz')
   with pytest.raises(FileNotFoundError, match='nope.npz'):
     train.train_and_evaluate(tiny_config, str(tmp_path / 'w'))
+
+
+def test_inference_time(tiny_config, tmp_path, capsys):
+  from vit_jax import inference_time  # pylint: disable=g-import-not-at-top
+  tiny_config.trainer = 'inference_time'
+  img_s = inference_time.inference_time(tiny_config, str(tmp_path), steps=2)
+  assert img_s > 0
+  assert 'testing at 32x32, batch 8' in capsys.readouterr().out
+
+
+def _main_command(workdir, fmnist_dirs, total_steps):
+  manual, data = fmnist_dirs
+  return [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
+          f'--workdir={workdir}', f'--config.tfds_manual_dir={manual}',
+          f'--config.tfds_data_dir={data}', '--config.batch=32',
+          f'--config.total_steps={total_steps}', '--config.warmup_steps=5',
+          '--config.checkpoint_every=20', '--config.progress_every=10',
+          '--config.eval_every=0', '--config.shuffle_buffer=100']
+
+
+def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
+  """The README's promise, end to end: SIGKILL mid-run, same command again."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user has
+  steps = 400
+  subprocess.run(_main_command(tmp_path / 'ref', fmnist_dirs, steps),
+                 check=True, cwd=root, env=env, capture_output=True,
+                 timeout=300)
+
+  command = _main_command(tmp_path / 'run', fmnist_dirs, steps)
+  proc = subprocess.Popen(command, cwd=root, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+  for line in proc.stdout:
+    if line.startswith('[50/'):
+      proc.kill()  # SIGKILL: no chance to save anything
+      break
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  rerun = subprocess.run(command, check=True, cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert 'Done: 400 steps' in rerun.stdout
+
+  expected = np.load(tmp_path / 'ref' / 'ViT-fmnist.npz')
+  resumed = np.load(tmp_path / 'run' / 'ViT-fmnist.npz')
+  assert sorted(expected.files) == sorted(resumed.files)
+  for key in expected.files:
+    np.testing.assert_allclose(resumed[key], expected[key], rtol=1e-5,
+                               atol=1e-6, err_msg=key)

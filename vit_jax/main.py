@@ -12,6 +12,7 @@ import jax
 from ml_collections import config_flags
 import tensorflow as tf
 
+from vit_jax import inference_time
 from vit_jax import train
 
 FLAGS = flags.FLAGS
@@ -34,7 +35,10 @@ def main(argv):
     jax.distributed.initialize()
   logging.info('JAX process %d/%d, devices %s', jax.process_index(),
                jax.process_count(), jax.devices())
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  if FLAGS.config.trainer == 'inference_time':
+    inference_time.inference_time(FLAGS.config, FLAGS.workdir)
+  else:
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == '__main__':

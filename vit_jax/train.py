@@ -112,7 +112,8 @@ def validate_config(config, num_devices_data: int):
   """Fails fast, before any compilation, on inconsistent settings."""
   choices = {'optimizer': ('sgd', 'adamw'), 'loss': ('softmax_xent',
                                                      'sigmoid_xent'),
-             'decay_type': ('cosine', 'linear'), 'trainer': ('train',)}
+             'decay_type': ('cosine', 'linear'),
+             'trainer': ('train', 'inference_time')}
   for key, allowed in choices.items():
     if config[key] not in allowed:
       raise ValueError(f'config.{key}={config[key]!r}; expected one of '
@@ -268,7 +269,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
   if start_step == 0:
-    writer.write_hparams({k: v for k, v in _flatten(config)
+    flat = flax.traverse_util.flatten_dict(config.to_dict(), sep='.')
+    writer.write_hparams({k: v for k, v in flat.items()
                           if isinstance(v, (int, float, str, bool))})
   schedule = make_schedule(config)
   micro_batch = config.batch // config.accum_steps
@@ -348,11 +350,3 @@ def export_npz(params, path):
   params = jax.device_get(params)
   if jax.process_index() == 0:
     checkpoint.save(params, path)
-
-
-def _flatten(config, prefix=''):
-  for k, v in config.items():
-    if isinstance(v, (dict, ml_collections.ConfigDict)):
-      yield from _flatten(v, f'{prefix}{k}.')
-    else:
-      yield f'{prefix}{k}', v
