@@ -211,6 +211,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Trains (resuming from `workdir`), evaluates, returns the final params."""
   mesh = sharding.make_mesh(config.mesh)
   validate_config(config, mesh.shape['data'])
+  path = pretrained_path(config)
   builder = input_pipeline.get_builder(config)
   info = input_pipeline.get_dataset_info(builder, config)
   model = make_model(config, info.num_classes)
@@ -234,6 +235,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       ckpt_dir, item_handlers=ocp.StandardCheckpointHandler(),
       options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
   latest = mngr.latest_step()
+  if latest is None and path and not os.path.exists(path):
+    raise FileNotFoundError(f'Pretrained checkpoint {path} does not exist.')
   if latest is not None:
     check_checkpoint_fits(mngr.item_metadata(latest).tree['params'],
                           abstract.params, ckpt_dir)
@@ -244,7 +247,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
     logging.info('Resumed from step %d in %s', latest, ckpt_dir)
   else:
     state = jax.jit(init_state, out_shardings=state_sh)()
-    path = pretrained_path(config)
     if path:
       params = checkpoint.load_pretrained(
           pretrained_path=path, init_params=jax.device_get(state.params),
