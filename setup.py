@@ -21,6 +21,6 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['vit_jax', 'vit_jax.*']),
     python_requires='>=3.10',
     install_requires=requirements,
-    extras_require={'test': ['pytest', 'pytest-xdist']},
+    extras_require={'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0']},
     license='Apache 2.0',
 )

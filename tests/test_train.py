@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -13,12 +14,6 @@ import pytest
 from conftest import make_tiny_config
 from vit_jax import input_pipeline
 from vit_jax import train
-
-
-def _assert_trees_close(a, b, rtol, atol=0.0):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol,
-                               atol=atol)
 
 
 def _interrupt_at(monkeypatch, batch_index, action):
@@ -53,7 +48,7 @@ def test_trains_and_reports(reference, capsys):
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
   # A finished workdir returns its final params without training.
   again = train.train_and_evaluate(config, workdir)
-  _assert_trees_close(again, params, rtol=0)
+  chex.assert_trees_all_equal(jax.device_get(again), params)
   assert 'nothing to train' in capsys.readouterr().out
 
 
@@ -101,7 +96,7 @@ def test_one_device_equals_eight(tiny_config, tmp_path, monkeypatch):
   p8 = train.train_and_evaluate(tiny_config, str(tmp_path / 'eight'))
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
   p1 = train.train_and_evaluate(tiny_config, str(tmp_path / 'one'))
-  _assert_trees_close(p1, p8, rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(p1, p8, rtol=1e-4, atol=1e-6)
 
 
 def test_sharding_rules_shard_kernels(tiny_config, tmp_path):
@@ -123,7 +118,7 @@ def test_accumulation_equals_one_big_batch(tiny_config, tmp_path):
   whole = train.train_and_evaluate(tiny_config, str(tmp_path / 'whole'))
   tiny_config.accum_steps = 2
   accumulated = train.train_and_evaluate(tiny_config, str(tmp_path / 'acc'))
-  _assert_trees_close(accumulated, whole, rtol=1e-4, atol=1e-6)
+  chex.assert_trees_all_close(accumulated, whole, rtol=1e-4, atol=1e-6)
   tiny_config.accum_steps = 1
   tiny_config.batch = 8  # a different stream of data: must differ
   other = train.train_and_evaluate(tiny_config, str(tmp_path / 'other'))
@@ -144,7 +139,7 @@ def test_resume_after_crash_equals_uninterrupted(reference, tmp_path,
     train.train_and_evaluate(config, str(tmp_path))
   monkeypatch.undo()
   resumed = train.train_and_evaluate(config, str(tmp_path))
-  _assert_trees_close(resumed, expected, rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(resumed, expected, rtol=1e-6, atol=1e-7)
 
 
 def test_sigterm_saves_then_resume_equals_uninterrupted(reference, tmp_path,
@@ -157,7 +152,7 @@ def test_sigterm_saves_then_resume_equals_uninterrupted(reference, tmp_path,
   assert os.path.isdir(tmp_path / 'checkpoints' / '3')
   monkeypatch.undo()
   resumed = train.train_and_evaluate(config, str(tmp_path))
-  _assert_trees_close(resumed, expected, rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(resumed, expected, rtol=1e-6, atol=1e-7)
 
 
 def test_nan_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path,
@@ -291,3 +286,15 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   for key in expected.files:
     np.testing.assert_allclose(resumed[key], expected[key], rtol=1e-5,
                                atol=1e-6, err_msg=key)
+
+
+def test_trains_a_mixer(tiny_config, tmp_path):
+  """The model family follows the name prefix, as the original's get_model."""
+  from vit_jax import model_configs  # pylint: disable=g-import-not-at-top
+  tiny_config.model_name = 'Mixer-testing'
+  tiny_config.model = model_configs.MODEL_CONFIGS[
+      'Mixer-testing'].copy_and_resolve_references()
+  tiny_config.total_steps = 2
+  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  assert 'MixerBlock_0' in params and 'stem' in params
+  assert np.load(tmp_path / 'Mixer-testing.npz')['head/kernel'].shape == (16, 10)

@@ -8,6 +8,7 @@ import threading
 import time
 
 from absl import logging
+import chex
 from clu import metric_writers
 import flax
 from flax.training import train_state
@@ -86,6 +87,8 @@ def loss_fn(logits, labels, kind: str):
 
 def train_step(state: TrainState, batch, *, rng, loss: str):
   """One micro-batch: gradients, then the (accumulating) optimizer update."""
+  chex.assert_rank(batch['image'], 4)
+  chex.assert_equal_shape_prefix([batch['image'], batch['label']], 1)
   dropout_rng = jax.random.fold_in(rng, state.step)
 
   def compute_loss(params):
