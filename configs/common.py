@@ -61,9 +61,9 @@ DATASET_PRESETS = {
                                                  test='test', crop=384)),
     'imagenet2012': dict(total_steps=20_000, pp=dict(
         train='train[:99%]', test='validation', crop=384)),
-    'oxford_iiit_pet': dict(total_steps=500, pp=dict(
+    'oxford_iiit_pet': dict(total_steps=500, warmup_steps=100, pp=dict(
         train='train[:90%]', test='test', crop=384)),
-    'oxford_flowers102': dict(total_steps=500, pp=dict(
+    'oxford_flowers102': dict(total_steps=500, warmup_steps=100, pp=dict(
         train='train', test='test', crop=384)),
 }
 
@@ -74,15 +74,5 @@ def with_dataset(config: ml_collections.ConfigDict,
     raise ValueError(f'Unknown dataset preset {dataset!r}; known: '
                      f'{sorted(DATASET_PRESETS)}.')
   config.dataset = dataset
-  config.update_from_flattened_dict(_flatten(DATASET_PRESETS[dataset]))
+  config.update(DATASET_PRESETS[dataset])  # merges into nested fields
   return config
-
-
-def _flatten(d, prefix=''):
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[prefix + k] = v
-  return out
