@@ -52,11 +52,11 @@ def main(_):
   # makes XLA copy the state every step).
   state = jax.device_put(state, sharding.tree_shardings(
       state, mesh, config.sharding_rules))
-  bsh = sharding.batch_sharding(mesh)
+  data = sharding.batch_sharding(mesh)
   batch = {'image': jax.device_put(np.random.uniform(-1, 1, shape)
-                                   .astype(np.float32), bsh),
+                                   .astype(np.float32), data),
            'label': jax.device_put(np.eye(10, dtype=np.float32)[
-               np.random.randint(0, 10, micro)], bsh)}
+               np.random.randint(0, 10, micro)], data)}
   step = jax.jit(lambda s, b: train.train_step(s, b, rng=jax.random.key(0),
                                                loss=config.loss),
                  donate_argnums=0)

@@ -2,6 +2,8 @@
 
 import ml_collections
 
+from vit_jax import model_configs
+
 
 def get_config() -> ml_collections.ConfigDict:
   """Defaults of everything but the model and dataset."""
@@ -18,12 +20,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.area_min = 0.05  # inception crop: smallest area kept
   config.pp.flip = True  # random horizontal flips in training
 
-  config.model_name = ''
+  config.model_name = ''  # set with `with_model`, as config.model
   # Fine-tune from `pretrained_path`, or `{pretrained_dir}/{model_name}.npz`
   # (a finished workdir holds one); neither: train from scratch.
   config.pretrained_dir = ml_collections.config_dict.placeholder(str)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
-  config.model = None  # a ConfigDict from vit_jax.model_configs
+  config.model = None  # a ConfigDict, e.g. from vit_jax.model_configs
 
   config.total_steps = 10_000
   config.warmup_steps = 500
@@ -75,4 +77,22 @@ def with_dataset(config: ml_collections.ConfigDict,
                      f'{sorted(DATASET_PRESETS)}.')
   config.dataset = dataset
   config.update(DATASET_PRESETS[dataset])  # merges into nested fields
+  return config
+
+
+def with_model(config: ml_collections.ConfigDict, model_name: str,
+               model=None) -> ml_collections.ConfigDict:
+  """Sets the model: the preset `model_name`, or `model` under that name.
+
+  `config.model.model_name` refers to `config.model_name`, so the name has
+  one source: `--config.model_name` sets both.
+  """
+  if model is None:
+    if model_name not in model_configs.MODEL_CONFIGS:
+      raise ValueError(f'Unknown model {model_name!r}; known: '
+                       f'{sorted(model_configs.MODEL_CONFIGS)}.')
+    model = model_configs.MODEL_CONFIGS[model_name]
+  config.model_name = model_name
+  config.model = ml_collections.ConfigDict(model).copy_and_resolve_references()
+  config.model.model_name = config.get_ref('model_name')
   return config

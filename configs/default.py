@@ -21,9 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.area_min = 1.0
   config.pp.flip = True
 
-  config.model_name = 'ViT-fmnist'
-  config.model = ml_collections.ConfigDict(dict(
-      model_name=config.model_name,
+  config = common.with_model(config, 'ViT-fmnist', dict(
       patches=dict(size=(7, 7)),  # 28x28 -> a 4x4 grid of tokens
       hidden_size=128,
       transformer=dict(mlp_dim=256, num_heads=4, num_layers=4,

@@ -9,7 +9,6 @@ SGD momentum 0.9, batch 512, gradient clipping at 1, cosine decay, 384 px.
 import ml_collections
 
 from configs import common
-from vit_jax import model_configs
 
 MODELS = {
     'ti16': 'ViT-Ti_16', 's16': 'ViT-S_16', 's32': 'ViT-S_32',
@@ -24,7 +23,6 @@ def get_config(arg: str = 'b16,cifar10') -> ml_collections.ConfigDict:
   if model not in MODELS:
     raise ValueError(f'Unknown model {model!r}; known: {sorted(MODELS)}.')
   config = common.with_dataset(common.get_config(), dataset)
-  config.model_name = MODELS[model]
-  config.model = model_configs.MODEL_CONFIGS[config.model_name].copy_and_resolve_references()
+  config = common.with_model(config, MODELS[model])
   config.base_lr = 0.03  # the paper sweeps {0.001, 0.003, 0.01, 0.03}
   return config.lock()

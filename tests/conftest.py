@@ -51,13 +51,11 @@ def tiny_config(fmnist_dirs):
 
 def make_tiny_config(fmnist_dirs):
   """The `testing` ViT on 32x32 tiny Fashion-MNIST; a few steps, 8 devices."""
-  from vit_jax import model_configs  # pylint: disable=g-import-not-at-top
   config = common.get_config()
   config.dataset = 'fashion_mnist_local'
   config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
   config.pp.crop = 32
-  config.model_name = 'testing'
-  config.model = model_configs.MODEL_CONFIGS['testing'].copy_and_resolve_references()
+  common.with_model(config, 'testing')
   config.total_steps = 6
   config.warmup_steps = 1
   config.batch = 8

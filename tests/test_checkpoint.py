@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
+from helpers import param_shapes
+from helpers import random_params
 from vit_jax import checkpoint
 from vit_jax import models
 
@@ -24,12 +26,9 @@ def _model(**kw):
 
 
 def _random_params(model, size=(32, 32), seed=0):
-  """Non-zero float32 parameters shaped like `model`'s."""
-  params = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, *size, 3)), train=False))['params']
-  rng = np.random.default_rng(seed)
-  return jax.tree.map(
-      lambda x: rng.normal(0, 0.3, x.shape).astype(np.float32), params)
+  """Non-zero float32 parameters shaped like `model`'s on `size` images."""
+  return random_params(model, jnp.zeros((1, *size, 3)), train=False,
+                       seed=seed, scale=0.3)
 
 
 def _init(model, size):
@@ -636,8 +635,9 @@ def _smooth_1d(n, channels=5):
 
 def test_resize_posemb_1d_samples_the_function_at_new_centers():
   for old, new in ((8, 12), (8, 6), (14, 24), (10, 5)):
-    out = checkpoint.resize_posemb_1d(
-        _smooth_1d(old)[None].astype(np.float32), new)
+    out = checkpoint.resize_posemb_grid(
+        _smooth_1d(old)[None].astype(np.float32), new_grid=(new,),
+        has_class_token=False)
     assert out.shape == (1, new, 5) and out.dtype == np.float32
     got, want, inside = out[0], _smooth_1d(new), _inside(old, new)
     assert inside.sum() >= 2
@@ -652,19 +652,21 @@ def test_resize_posemb_1d_samples_the_function_at_new_centers():
 
 
 def test_resize_posemb_1d_linear_zoom_and_errors():
+  resize_1d = lambda table, n, **kw: checkpoint.resize_posemb_grid(
+      table, new_grid=(n,), has_class_token=False, **kw)
   table = np.random.default_rng(0).normal(size=(1, 6, 4)).astype(np.float32)
   np.testing.assert_array_equal(
-      checkpoint.resize_posemb_1d(table, 9, method='linear_zoom')[0],
+      resize_1d(table, 9, method='linear_zoom')[0],
       scipy.ndimage.zoom(table[0], (9 / 6, 1), order=1))
   for method in ('bicubic', 'linear_zoom'):
     np.testing.assert_array_equal(
-        checkpoint.resize_posemb_1d(table, 6, method=method), table)
+        resize_1d(table, 6, method=method), table)
   with pytest.raises(ValueError, match="Unknown resize method 'cubic'"):
-    checkpoint.resize_posemb_1d(table, 9, method='cubic')
+    resize_1d(table, 9, method='cubic')
   with pytest.raises(ValueError, match=r'Expected a \(1, tokens, width\)'):
-    checkpoint.resize_posemb_1d(table[0], 9)
-  with pytest.raises(ValueError, match='new_length must be positive'):
-    checkpoint.resize_posemb_1d(table, 0)
+    resize_1d(table[0], 9)
+  with pytest.raises(ValueError, match='new_grid must be positive'):
+    resize_1d(table, 0)
 
 
 @pytest.fixture
@@ -825,8 +827,7 @@ def _documented_grid(config, image):
 def test_hybrid_grid_as_documented(name):
   image = (384, 320)
   model = models.get_model(name, num_classes=0)
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, *image, 3)), train=False))['params']
+  shapes = param_shapes(model, jnp.zeros((1, *image, 3)), train=False)
   h, w = _documented_grid(models.MODEL_CONFIGS[name], image)
   assert shapes['Transformer']['posembed_input']['pos_embedding'].shape[
       1] == 1 + h * w

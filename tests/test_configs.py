@@ -46,3 +46,11 @@ def test_offline_configs_build_their_model(get_config):
   model = train.make_model(config, 10)
   image = (1, config.pp.crop, config.pp.crop, 3)
   assert models.count_params(model, image) > 100_000
+
+
+def test_model_name_has_one_source():
+  config = default.get_config()
+  assert config.model.model_name == config.model_name == 'ViT-fmnist'
+  config.model_name = 'ViT-other'  # as --config.model_name=ViT-other
+  assert config.model.model_name == 'ViT-other'
+  assert vit.get_config('s16,cifar10').model.model_name == 'ViT-S_16'

@@ -5,6 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import layernorm
+from helpers import mlp
+from helpers import param_shapes
+from helpers import patch_embed
+from helpers import random_params
 from vit_jax import models
 from vit_jax import models_mixer
 
@@ -24,14 +29,9 @@ def test_param_count(name):
   assert models.count_params(model) == EXPECTED_PARAMS[name]
 
 
-def _param_shapes(model, shape):
-  return jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros(shape), train=False))['params']
-
-
 def test_param_tree_names():
   model = models.get_model('Mixer-testing', num_classes=5)
-  params = _param_shapes(model, (1, 32, 48, 3))
+  params = param_shapes(model, jnp.zeros((1, 32, 48, 3)), train=False)
   assert set(params) == {'stem', 'MixerBlock_0', 'MixerBlock_1',
                          'pre_head_layer_norm', 'head'}
   block = params['MixerBlock_1']
@@ -74,42 +74,23 @@ def test_head_starts_at_zero():
 def test_bad_image_size(shape, match):
   model = models.get_model('Mixer-testing', num_classes=3)
   with pytest.raises(ValueError, match=match):
-    _param_shapes(model, shape)
+    param_shapes(model, jnp.zeros(shape), train=False)
 
 
 # A numpy reference, written from the Mixer paper's equations.
 
 
-def _layernorm(x, p, eps=1e-6):
-  mu = x.mean(-1, keepdims=True)
-  var = ((x - mu)**2).mean(-1, keepdims=True)
-  return (x - mu) / np.sqrt(var + eps) * p['scale'] + p['bias']
-
-
-def _gelu(x):  # tanh approximation, as flax's nn.gelu
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-
-
-def _mlp(x, p):
-  h = _gelu(x @ p['Dense_0']['kernel'] + p['Dense_0']['bias'])
-  return h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
-
-
 def _mixer(images, p, patch):
-  n, h, w, c = images.shape
-  gh, gw = h // patch, w // patch
-  x = images.reshape(n, gh, patch, gw, patch, c).transpose(0, 1, 3, 2, 4, 5)
-  x = x.reshape(n, gh * gw, -1) @ p['stem']['kernel'].reshape(
-      -1, p['stem']['kernel'].shape[-1]) + p['stem']['bias']
+  x = patch_embed(images, p['stem'], patch)
   i = 0
   while f'MixerBlock_{i}' in p:
     b = p[f'MixerBlock_{i}']
     # U = X + W2 gelu(W1 LN(X))^T over tokens, then Y = U + MLP(LN(U)).
-    u = _layernorm(x, b['LayerNorm_0']).transpose(0, 2, 1)
-    x = x + _mlp(u, b['token_mixing']).transpose(0, 2, 1)
-    x = x + _mlp(_layernorm(x, b['LayerNorm_1']), b['channel_mixing'])
+    u = layernorm(x, b['LayerNorm_0']).transpose(0, 2, 1)
+    x = x + mlp(u, b['token_mixing']).transpose(0, 2, 1)
+    x = x + mlp(layernorm(x, b['LayerNorm_1']), b['channel_mixing'])
     i += 1
-  x = _layernorm(x, p['pre_head_layer_norm']).mean(1)
+  x = layernorm(x, p['pre_head_layer_norm']).mean(1)
   return x @ p['head']['kernel'] + p['head']['bias']
 
 
@@ -117,12 +98,8 @@ def test_forward_matches_reference():
   model = models.get_model('Mixer-testing', num_classes=4,
                            patches={'size': (8, 8)})
   x = np.random.default_rng(1).uniform(-1, 1, (2, 16, 24, 3))
-  shapes = _param_shapes(model, x.shape)
-  leaves, treedef = jax.tree.flatten(shapes)
-  rng = np.random.default_rng(2)
-  params = jax.tree.unflatten(
-      treedef, [rng.normal(0, 0.3, l.shape).astype(np.float32)
-                for l in leaves])
+  params = random_params(model, jnp.zeros(x.shape), train=False, seed=2,
+                         scale=0.3)
   apply = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
   out = apply(params, jnp.asarray(x, jnp.float32))
   np.testing.assert_allclose(out, _mixer(x, params, 8), rtol=1e-3, atol=1e-3)

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import param_shapes
+from helpers import random_params
 from vit_jax import models
 from vit_jax import models_resnet
 
@@ -27,14 +29,9 @@ def test_param_count(name):
   assert models.count_params(model) == EXPECTED_PARAMS[name]
 
 
-def _param_shapes(model, shape):
-  return jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros(shape), train=False))['params']
-
-
 def test_param_tree_names():
   model = models.get_model('testing', **TINY)
-  params = _param_shapes(model, (1, 32, 32, 3))
+  params = param_shapes(model, jnp.zeros((1, 32, 32, 3)), train=False)
   # Top level, as in the published hybrid checkpoints.
   assert set(params) == {'conv_root', 'gn_root', 'block1', 'block2',
                          'embedding', 'cls', 'Transformer', 'head'}
@@ -72,7 +69,7 @@ def test_forward_shapes(resnet, patch, size, tokens):
   model = models.get_model('testing', num_classes=7, resnet=resnet,
                            patches={'size': (patch, patch)})
   x = jax.random.normal(jax.random.key(1), (2, *size, 3))
-  params = _random_params(model, x, train=False)
+  params = random_params(model, x, train=False)
   pe = params['Transformer']['posembed_input']['pos_embedding']
   assert pe.shape == (1, tokens, 10)
   out = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
@@ -91,7 +88,7 @@ def test_bad_image_size(shape, match):
   model = models.get_model('testing', num_classes=3, patches={'size': (2, 2)},
                            resnet={'num_layers': (), 'width_factor': 0.5})
   with pytest.raises(ValueError, match=match):
-    _param_shapes(model, shape)
+    param_shapes(model, jnp.zeros(shape), train=False)
 
 
 # Numpy references: a direct convolution, GroupNorm, weight standardization.
@@ -128,23 +125,12 @@ def _groupnorm(x, p, groups=32, eps=1e-6):
   return g.reshape(x.shape) * p['scale'] + p['bias']
 
 
-def _random_params(module, x, seed=0, scale=0.5, **kw):
-  """Random normal parameters of `module`'s shapes (no costly init)."""
-  variables = jax.eval_shape(lambda: module.init(
-      jax.random.key(seed), jnp.asarray(x, jnp.float32), **kw))
-  leaves, treedef = jax.tree.flatten(variables['params'])
-  rng = np.random.default_rng(seed)
-  return jax.tree.unflatten(
-      treedef, [rng.normal(0, scale, l.shape).astype(np.float32)
-                for l in leaves])
-
-
 @pytest.mark.parametrize('stride,use_bias', [(1, False), (2, True)])
 def test_std_conv_matches_reference(stride, use_bias):
   x = np.random.default_rng(1).normal(size=(2, 7, 6, 4))
   conv = models_resnet.StdConv(5, (3, 3), (stride, stride), use_bias=use_bias)
   # A small kernel, so that where eps goes (std + eps) shows in the result.
-  params = _random_params(conv, x, scale=0.01)
+  params = random_params(conv, jnp.asarray(x, jnp.float32), scale=0.01)
   out = jax.jit(conv.apply)({'params': params}, jnp.asarray(x, jnp.float32))
   expected = _conv(x, _standardized(params['kernel']), stride)
   if use_bias:
@@ -179,7 +165,7 @@ def _unit(x, p, stride):
 def test_residual_unit_matches_reference(channels, stride):
   x = np.random.default_rng(3).normal(size=(2, 5, 5, channels))
   unit = models_resnet.ResidualUnit(32, strides=(stride, stride))
-  params = _random_params(unit, x)
+  params = random_params(unit, jnp.asarray(x, jnp.float32))
   # Projection only when the shape changes (128 channels in, stride 1: none).
   assert ('conv_proj' in params) == (channels != 128 or stride != 1)
   out = jax.jit(unit.apply)({'params': params}, jnp.asarray(x, jnp.float32))

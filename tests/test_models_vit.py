@@ -6,6 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import layernorm
+from helpers import mlp
+from helpers import param_shapes
+from helpers import patch_embed
+from helpers import random_params
 from vit_jax import models
 from vit_jax import models_vit
 
@@ -37,8 +42,7 @@ def test_param_count(name):
 
 def test_param_tree_names():
   model = models.get_model('testing', num_classes=3, representation_size=4)
-  params = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False))['params']
+  params = param_shapes(model, jnp.zeros((1, 32, 32, 3)), train=False)
   block = params['Transformer']['encoderblock_0']
   assert set(params) == {'embedding', 'cls', 'Transformer', 'pre_logits',
                          'head'}
@@ -110,16 +114,6 @@ def test_unknown_names():
 # A numpy reference, written from the paper's equations (1)-(4).
 
 
-def _layernorm(x, p, eps=1e-6):
-  mu = x.mean(-1, keepdims=True)
-  var = ((x - mu)**2).mean(-1, keepdims=True)
-  return (x - mu) / np.sqrt(var + eps) * p['scale'] + p['bias']
-
-
-def _gelu(x):  # tanh approximation, as flax's nn.gelu
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-
-
 def _msa(x, p, kv=None, bias_fn=None):
   """Multi-head attention: softmax(q k^T / sqrt(d) + bias) v per head.
 
@@ -141,21 +135,14 @@ def _msa(x, p, kv=None, bias_fn=None):
 
 
 def _block(x, p, bias_fn=None):
-  x = x + _msa(_layernorm(x, p['LayerNorm_0']),
+  x = x + _msa(layernorm(x, p['LayerNorm_0']),
                p['MultiHeadDotProductAttention_0'], bias_fn=bias_fn)
-  mlp = p['MlpBlock_0']
-  y = _layernorm(x, p['LayerNorm_1'])
-  y = _gelu(y @ mlp['Dense_0']['kernel'] + mlp['Dense_0']['bias'])
-  return x + y @ mlp['Dense_1']['kernel'] + mlp['Dense_1']['bias']
+  return x + mlp(layernorm(x, p['LayerNorm_1']), p['MlpBlock_0'])
 
 
 def _vit(images, p, patch, classifier):
-  n, h, w, c = images.shape
-  gh, gw = h // patch, w // patch
-  patches = images.reshape(n, gh, patch, gw, patch, c).transpose(0, 1, 3, 2, 4, 5)
-  patches = patches.reshape(n, gh * gw, patch * patch * c)
-  kernel = p['embedding']['kernel'].reshape(-1, p['embedding']['kernel'].shape[-1])
-  x = patches @ kernel + p['embedding']['bias']               # x_p E
+  n = images.shape[0]
+  x = patch_embed(images, p['embedding'], patch)              # x_p E
   if classifier == 'token':
     x = np.concatenate([np.broadcast_to(p['cls'], (n, 1, x.shape[-1])), x], 1)
   t = p['Transformer']
@@ -164,28 +151,17 @@ def _vit(images, p, patch, classifier):
   while f'encoderblock_{i}' in t:
     x = _block(x, t[f'encoderblock_{i}'])
     i += 1
-  x = _layernorm(x, t['encoder_norm'])
+  x = layernorm(x, t['encoder_norm'])
   y = x[:, 0] if classifier == 'token' else x.mean(1)
   y = np.tanh(y @ p['pre_logits']['kernel'] + p['pre_logits']['bias'])
   return y @ p['head']['kernel'] + p['head']['bias']
 
 
-def _random_params(model, x, seed=0):
-  variables = model.init(jax.random.key(seed), x, train=False)
-  leaves, treedef = jax.tree.flatten(variables['params'])
-  rng = np.random.default_rng(seed)
-  leaves = [rng.normal(0, 0.5, l.shape).astype(np.float64) for l in leaves]
-  return jax.tree.unflatten(treedef, leaves)
-
-
 def test_encoder_block_matches_reference():
   block = models_vit.Encoder1DBlock(mlp_dim=12, num_heads=3)
   x = np.random.default_rng(1).normal(size=(2, 5, 9))
-  variables = block.init(jax.random.key(0), jnp.asarray(x), deterministic=True)
-  leaves, treedef = jax.tree.flatten(variables['params'])
-  rng = np.random.default_rng(2)
-  params = jax.tree.unflatten(
-      treedef, [rng.normal(0, 0.5, l.shape) for l in leaves])
+  params = random_params(block, jnp.asarray(x), deterministic=True, seed=2,
+                         dtype=np.float64)
   out = block.apply({'params': params}, jnp.asarray(x, jnp.float32),
                     deterministic=True)
   np.testing.assert_allclose(out, _block(x, params), rtol=2e-4, atol=2e-4)
@@ -200,7 +176,8 @@ def test_forward_matches_reference(classifier, size):
                                             num_heads=2, dropout_rate=0.1,
                                             attention_dropout_rate=0.1))
   x = np.random.default_rng(3).uniform(-1, 1, (2, *size, 3))
-  params = _random_params(model, jnp.asarray(x, jnp.float32))
+  params = random_params(model, jnp.asarray(x, jnp.float32), train=False,
+                         dtype=np.float64)
   out = model.apply({'params': params}, jnp.asarray(x, jnp.float32),
                     train=False)
   np.testing.assert_allclose(out, _vit(x, params, 8, classifier),
@@ -213,7 +190,7 @@ def test_dropout_only_in_training():
                                             num_heads=2, dropout_rate=0.5,
                                             attention_dropout_rate=0.5))
   x = jax.random.uniform(jax.random.key(0), (2, 32, 32, 3), minval=-1)
-  params = _random_params(model, x)
+  params = random_params(model, x, train=False, dtype=np.float64)
   apply = lambda train, key: model.apply(
       {'params': params}, x, train=train, rngs={'dropout': key})
   k1, k2 = jax.random.key(1), jax.random.key(2)
@@ -223,21 +200,7 @@ def test_dropout_only_in_training():
   assert not np.allclose(apply(True, k1), apply(False, k1))
 
 
-# Jitted helpers for the tests below: initializing costs more than applying,
-# so parameters are random draws of `eval_shape`'s shapes.
-
-
-def _shapes(module, *args, **kw):
-  return jax.eval_shape(
-      lambda: module.init(jax.random.key(0), *args, **kw))['params']
-
-
-def _draw(shapes, seed=0, scale=0.5):
-  leaves, treedef = jax.tree.flatten(shapes)
-  rng = np.random.default_rng(seed)
-  return jax.tree.unflatten(
-      treedef, [rng.normal(0, scale, l.shape).astype(np.float32)
-                for l in leaves])
+# A small model and a jitted apply for the tests below.
 
 
 def _tiny(posemb, classifier='token', **kw):
@@ -267,7 +230,7 @@ def _apply(model, params, x, **kw):
     ('sincos2d', None, {}),
 ])
 def test_posemb_params(posemb, input_tables, block_tables):
-  params = _shapes(_tiny(posemb), jnp.zeros((1, 32, 48, 3)), train=False)
+  params = param_shapes(_tiny(posemb), jnp.zeros((1, 32, 48, 3)), train=False)
   transformer = params['Transformer']
   if input_tables is None:
     assert 'posembed_input' not in transformer
@@ -291,7 +254,7 @@ def _resize_1d(table, length):
 def test_posemb_at_a_second_resolution(posemb):
   model = _tiny(posemb)
   x = jax.random.normal(jax.random.key(1), (2, 64, 32, 3))  # 4x2 patches.
-  params = _draw(_shapes(model, jnp.zeros((1, 32, 48, 3)), train=False))
+  params = random_params(model, jnp.zeros((1, 32, 48, 3)), train=False)
   if posemb == 'learn2d':
     with pytest.raises(ValueError, match='pos_embedding_row.*1-D interp'):
       _apply(model, params, x, train=False)
@@ -301,7 +264,7 @@ def test_posemb_at_a_second_resolution(posemb):
     params['Transformer']['posembed_input'] = pe
   # Same shapes as a model initialized at the second resolution.
   assert (jax.tree.map(np.shape, params) ==
-          jax.tree.map(np.shape, _shapes(model, x, train=False)))
+          jax.tree.map(np.shape, param_shapes(model, x, train=False)))
   out = _apply(model, params, x, train=False)
   assert out.shape == (2, 5)
   assert np.all(np.isfinite(out))
@@ -336,7 +299,7 @@ def test_additive_posemb_matches_reference(posemb, prefix):
   encoder = models_vit.Encoder(num_layers=0, mlp_dim=4, num_heads=2,
                                dropout_rate=0., posemb=posemb)
   x = np.random.default_rng(1).normal(size=(2, prefix + h * w, d))
-  params = _draw(_shapes(encoder, jnp.asarray(x), train=False, grid=(h, w)))
+  params = random_params(encoder, jnp.asarray(x), train=False, grid=(h, w))
   out = jax.jit(lambda p, x: encoder.apply(
       {'params': p}, x, train=False, grid=(h, w)))(params, x)
 
@@ -350,7 +313,7 @@ def test_additive_posemb_matches_reference(posemb, prefix):
       pe[prefix + i] = np.concatenate([row[i // w], col[i % w]])
   elif posemb == 'sincos2d':
     pe[prefix:] = _sincos(h, w, d)
-  expected = _layernorm(x + pe, params['encoder_norm'])
+  expected = layernorm(x + pe, params['encoder_norm'])
   np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -377,8 +340,8 @@ def test_relative_attention_matches_reference(prefix):
   block = models_vit.Encoder1DBlock(mlp_dim=12, num_heads=3,
                                     relative_max_distance=k)
   x = np.random.default_rng(1).normal(size=(2, prefix + 6, 9))
-  params = _draw(_shapes(block, jnp.asarray(x), deterministic=True,
-                         grid=grid), seed=2)
+  params = random_params(block, jnp.asarray(x), deterministic=True, grid=grid,
+                         seed=2)
   table = params['posembed_relative']['rel_embedding']
   assert table.shape == (3, 3, 3, 3)
   out = jax.jit(lambda p, x: block.apply(
@@ -398,7 +361,7 @@ def test_no_posemb_is_permutation_invariant(posemb, invariant):
   perm = [4, 2, 5, 0, 3, 1]
   shuffled = patches.reshape(2, 6, 16, 16, 3)[:, perm].reshape(
       2, 2, 3, 16, 16, 3).transpose(0, 1, 3, 2, 4, 5).reshape(x.shape)
-  params = _draw(_shapes(model, jnp.zeros(x.shape), train=False))
+  params = random_params(model, jnp.zeros(x.shape), train=False)
   apply = jax.jit(lambda x: model.apply({'params': params}, x, train=False))
   out, out_shuffled = apply(x), apply(shuffled)
   assert np.allclose(out, out_shuffled, rtol=1e-4, atol=1e-4) == invariant
@@ -406,7 +369,7 @@ def test_no_posemb_is_permutation_invariant(posemb, invariant):
 
 def test_unknown_posemb():
   with pytest.raises(ValueError, match="Unknown posemb 'rope'"):
-    _shapes(_tiny('rope'), jnp.zeros((1, 32, 32, 3)), train=False)
+    param_shapes(_tiny('rope'), jnp.zeros((1, 32, 32, 3)), train=False)
 
 
 # Multi-head attention pooling.
@@ -415,7 +378,7 @@ def test_unknown_posemb():
 def test_map_head_params_and_shape():
   model = models.get_model('testing', num_classes=7, classifier='map')
   x = jnp.zeros((2, 32, 48, 3))
-  params = _shapes(model, x, train=False)
+  params = param_shapes(model, x, train=False)
   assert 'cls' not in params
   assert params['Transformer']['posembed_input']['pos_embedding'].shape == (
       1, 6, 10)
@@ -434,15 +397,13 @@ def test_map_head_params_and_shape():
 def test_map_head_matches_reference():
   head = models_vit.MAPHead(num_heads=2, mlp_dim=6)
   x = np.random.default_rng(1).normal(size=(3, 5, 8))
-  params = _draw(_shapes(head, jnp.asarray(x)), seed=2)
+  params = random_params(head, jnp.asarray(x), seed=2)
   out = jax.jit(lambda p, x: head.apply({'params': p}, x))(params, x)
 
   probe = np.broadcast_to(params['probe'], (3, 1, 8))
   y = _msa(probe, params['MultiHeadDotProductAttention_0'], kv=x)
-  mlp = params['MlpBlock_0']
-  z = _layernorm(y, params['LayerNorm_0'])
-  z = _gelu(z @ mlp['Dense_0']['kernel'] + mlp['Dense_0']['bias'])
-  expected = (y + z @ mlp['Dense_1']['kernel'] + mlp['Dense_1']['bias'])[:, 0]
+  z = mlp(layernorm(y, params['LayerNorm_0']), params['MlpBlock_0'])
+  expected = (y + z)[:, 0]
   assert out.shape == (3, 8)
   np.testing.assert_allclose(out, expected, rtol=2e-4, atol=2e-4)
 
@@ -483,7 +444,7 @@ def test_drop_path_schedule():
   encoder = models_vit.Encoder(num_layers=4, mlp_dim=4, num_heads=2,
                                stochastic_depth=0.3)
   with nn.intercept_methods(record):
-    _shapes(encoder, jnp.zeros((1, 3, 4)), train=False)
+    param_shapes(encoder, jnp.zeros((1, 3, 4)), train=False)
   # Attention and MLP branch of each block, in order.
   assert rates == pytest.approx([0., 0., 0.1, 0.1, 0.2, 0.2, 0.3, 0.3])
 
@@ -494,7 +455,7 @@ def test_drop_path_in_encoder_block():
                                     drop_path_rate=0.5)
   plain = block.clone(drop_path_rate=0.)
   x = np.random.default_rng(1).normal(size=(64, 3, 6)).astype(np.float32)
-  params = _draw(_shapes(block, x, deterministic=True))
+  params = random_params(block, x, deterministic=True)
 
   def apply(module, deterministic):
     return np.asarray(jax.jit(lambda p, x: module.apply(
@@ -508,3 +469,18 @@ def test_drop_path_in_encoder_block():
   same_as_input = np.all(np.isclose(out, x, atol=1e-6), axis=(1, 2))
   assert 0 < same_as_input.sum() < 64
   assert not np.allclose(out[~same_as_input], full[~same_as_input])
+
+
+@pytest.mark.parametrize('name,image', [
+    ('testing', (32, 48)), ('ViT-B_16', (384, 224)), ('R+ViT-Ti_16', (224, 160)),
+    ('R26+ViT-S_32', (224, 160)), ('R50+ViT-B_16', (384, 320))])
+def test_token_grid_is_the_embedding_grid(name, image):
+  """`token_grid` (from the config) equals the grid the model really makes."""
+  model = models.get_model(name, num_classes=0)
+  def embed(x):
+    return model.init_with_output(
+        jax.random.key(0), x, train=False,
+        capture_intermediates=lambda mdl, _: mdl.name == 'embedding')
+  _, variables = jax.eval_shape(embed, jnp.zeros((1, *image, 3)))
+  grid = variables['intermediates']['embedding']['__call__'][0].shape[1:3]
+  assert models_vit.token_grid(models.MODEL_CONFIGS[name], image) == grid

@@ -172,8 +172,8 @@ def test_mismatched_checkpoint(reference, tmp_path):
   config, workdir, _ = reference
   config = config.copy_and_resolve_references()
   config.model.hidden_size = 12
-  with pytest.raises(ValueError, match=r'(?s)does not fit.*encoder_norm/bias: '
-                     r'checkpoint \(10,\) vs model \(12,\)'):
+  with pytest.raises(ValueError, match=r'(?s)does not fit.*\(checkpoint vs '
+                     r'model\).*encoder_norm/bias: \(10,\) vs \(12,\)'):
     train.train_and_evaluate(config, workdir)
 
 
@@ -182,7 +182,8 @@ def test_mismatched_checkpoint(reference, tmp_path):
     ('batch', 12, 'divisible by the 8 devices'),
     ('optimizer', 'lamb', "config.optimizer='lamb'"),
     ('mesh', [('data', 3)], 'do not fit 8 devices'),
-    ('warmup_steps', 6, 'warmup_steps'),
+    ('warmup_steps', -1, 'warmup_steps'),
+    ('weight_decay', 0.1, "weight_decay=0.1 needs optimizer='adamw'"),
 ])
 def test_bad_config(tiny_config, tmp_path, key, value, match):
   if '.' in key:
@@ -191,6 +192,18 @@ def test_bad_config(tiny_config, tmp_path, key, value, match):
     tiny_config[key] = value
   with pytest.raises(ValueError, match=match):
     train.train_and_evaluate(tiny_config, str(tmp_path))
+
+
+def test_warmup_longer_than_a_short_run_is_clamped(tiny_config):
+  """A debug run shorter than the warmup warms up for a tenth of it."""
+  tiny_config.total_steps, tiny_config.warmup_steps = 60, 200
+  train.validate_config(tiny_config, 8)
+  schedule = train.make_schedule(tiny_config)
+  assert train.warmup_steps(tiny_config) == 6
+  np.testing.assert_allclose(float(schedule(6)), tiny_config.base_lr)
+  assert float(schedule(3)) < float(schedule(6)) > float(schedule(30)) > 0
+  tiny_config.warmup_steps = 5
+  assert train.warmup_steps(tiny_config) == 5
 
 
 def test_cli_rejects_unknown_key(tmp_path):

@@ -14,7 +14,7 @@ import jax
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import local_datasets  # pylint: disable=unused-import  (registers builders)
+from vit_jax import local_datasets  # registers the offline builders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +129,18 @@ def _read_process_share(builder, split):
   return ds.shard(nproc, index) if folder and nproc > 1 else ds
 
 
+def _stream_seeds(seed: int):
+  """(shuffle, augmentation) seeds of this process's training stream.
+
+  Stateless fold-ins keep the random streams of processes, of epochs (the
+  shuffles) and of examples (the augmentations) apart.
+  """
+  process_seed = tf.random.experimental.stateless_fold_in(
+      tf.constant([seed, 0], tf.int64), jax.process_index())
+  return tuple(tf.random.experimental.stateless_fold_in(process_seed, i)
+               for i in range(2))
+
+
 def train_iterator(info: DatasetInfo, config, *, batch_size: int,
                    start_step: int = 0) -> Iterator[dict]:
   """Yields this process's training batches from step `start_step` on.
@@ -147,10 +159,13 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
     raise ValueError(f'Split {config.pp.train!r} has {n} examples on this '
                      f'process, fewer than the batch of {batch_size}.')
   first_epoch, offset = divmod(start_step * batch_size, n)
-  seed = config.seed * 1000 + jax.process_index()
+  shuffle_seed, augment_seed = _stream_seeds(config.seed)
 
   def epoch(e):
-    return base.shuffle(min(config.shuffle_buffer, n), seed=seed + 7919 * e,
+    seed = tf.random.stateless_uniform(  # shuffle takes a scalar seed
+        [], tf.random.experimental.stateless_fold_in(shuffle_seed, e),
+        minval=None, maxval=None, dtype=tf.int64)
+    return base.shuffle(min(config.shuffle_buffer, n), seed=seed,
                         reshuffle_each_iteration=False)
 
   ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
@@ -158,7 +173,8 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
 
   def process(position, features):
     image, label = _decode(features, info.channels)
-    example_seed = tf.stack([tf.constant(seed, tf.int64), position])
+    example_seed = tf.random.experimental.stateless_fold_in(augment_seed,
+                                                            position)
     return {'image': preprocess_train(image, example_seed, config.pp),
             'label': tf.one_hot(label, info.num_classes)}
 

@@ -34,8 +34,8 @@ def model_class(name: str):
 
 def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
   """Counts parameters from shapes alone (no memory, no compute)."""
-  variables = jax.eval_shape(
-      lambda: model.init(jax.random.key(0), jnp.zeros(image_shape), train=False))
+  variables = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros(image_shape), train=False))
   return sum(x.size for x in jax.tree.leaves(variables['params']))
 
 
@@ -44,12 +44,10 @@ def _main(argv):
   model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)
   shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
   images = jax.random.uniform(jax.random.key(0), shape, minval=-1, maxval=1)
-  variables = jax.jit(lambda x: model.init(jax.random.key(1), x, train=False))(
-      images)
-  logits = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, images)
-  n = sum(x.size for x in jax.tree.leaves(variables['params']))
-  print(f'{FLAGS.name}: {n:,} parameters; images {shape} -> logits '
-        f'{tuple(logits.shape)}')
+  logits, _ = jax.jit(lambda x: model.init_with_output(
+      jax.random.key(1), x, train=False))(images)
+  print(f'{FLAGS.name}: {count_params(model, shape):,} parameters; images '
+        f'{shape} -> logits {tuple(logits.shape)}')
 
 
 if __name__ == '__main__':

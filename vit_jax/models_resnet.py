@@ -6,10 +6,10 @@ batch. Module names match the original, so the published hybrid checkpoints
 load with no renaming.
 """
 
-from typing import Callable, Tuple
+import functools
+from typing import Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 
@@ -26,37 +26,16 @@ def standardize(kernel, axis=(0, 1, 2), eps=1e-5):
   return centered / (jnp.std(centered, axis=axis, keepdims=True) + eps)
 
 
-class StdConv(nn.Module):
-  """2-D convolution whose kernel is weight-standardized at every use.
+class StdConv(nn.Conv):
+  """nn.Conv whose kernel is weight-standardized at every use.
 
-  The stored parameter is the raw kernel (named `kernel`, as in nn.Conv), so
-  the parameter tree is that of an nn.Conv.
-
-  Attributes:
-    features: output channels.
-    kernel_size: (height, width) of the kernel.
-    strides: (height, width) strides.
-    padding: 'SAME' or 'VALID', as in `jax.lax.conv_general_dilated`.
-    use_bias: add a learned bias after the convolution.
-    kernel_init: initializer of the raw kernel.
+  As the original release's: the stored `kernel` is the raw one, so the
+  parameter tree, attributes and arguments are those of an nn.Conv.
   """
-  features: int
-  kernel_size: Tuple[int, int]
-  strides: Tuple[int, int] = (1, 1)
-  padding: str = 'SAME'
-  use_bias: bool = False
-  kernel_init: Callable = nn.initializers.lecun_normal()
 
-  @nn.compact
-  def __call__(self, x):
-    shape = (*self.kernel_size, x.shape[-1], self.features)
-    kernel = standardize(self.param('kernel', self.kernel_init, shape))
-    y = jax.lax.conv_general_dilated(
-        x, kernel.astype(x.dtype), window_strides=tuple(self.strides),
-        padding=self.padding, dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
-    if self.use_bias:
-      y = y + self.param('bias', nn.initializers.zeros, (self.features,))
-    return y
+  def param(self, name, *args, **kwargs):
+    param = super().param(name, *args, **kwargs)
+    return standardize(param) if name == 'kernel' else param
 
 
 class ResidualUnit(nn.Module):
@@ -74,18 +53,20 @@ class ResidualUnit(nn.Module):
 
   @nn.compact
   def __call__(self, x):
+    # No biases: a GroupNorm follows every convolution.
+    conv = functools.partial(StdConv, use_bias=False)
     out = 4 * self.features
     strides = tuple(self.strides)
     residual = x
     if x.shape[-1] != out or strides != (1, 1):
-      residual = StdConv(out, (1, 1), strides, name='conv_proj')(x)
+      residual = conv(out, (1, 1), strides, name='conv_proj')(x)
       residual = nn.GroupNorm(name='gn_proj')(residual)
 
-    y = StdConv(self.features, (1, 1), name='conv1')(x)
+    y = conv(self.features, (1, 1), name='conv1')(x)
     y = nn.relu(nn.GroupNorm(name='gn1')(y))
-    y = StdConv(self.features, (3, 3), strides, name='conv2')(y)
+    y = conv(self.features, (3, 3), strides, name='conv2')(y)
     y = nn.relu(nn.GroupNorm(name='gn2')(y))
-    y = StdConv(out, (1, 1), name='conv3')(y)
+    y = conv(out, (1, 1), name='conv3')(y)
     y = nn.GroupNorm(scale_init=nn.initializers.zeros, name='gn3')(y)
     return nn.relu(residual + y)
 
@@ -95,16 +76,16 @@ class ResNetStage(nn.Module):
 
   Attributes:
     block_size: number of units.
-    nout: bottleneck width of every unit (output: 4 * nout channels).
+    features: bottleneck width of every unit (output: 4 * features channels).
     first_stride: strides of the first unit; the others use (1, 1).
   """
   block_size: int
-  nout: int
+  features: int
   first_stride: Tuple[int, int]
 
   @nn.compact
   def __call__(self, x):
     for i in range(self.block_size):
       strides = self.first_stride if i == 0 else (1, 1)
-      x = ResidualUnit(self.nout, strides=strides, name=f'unit{i + 1}')(x)
+      x = ResidualUnit(self.features, strides=strides, name=f'unit{i + 1}')(x)
     return x

@@ -32,13 +32,10 @@ import functools
 from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models_resnet
-
-Array = Any
 
 POSEMBS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d')
 
@@ -63,16 +60,9 @@ class AddPositionEmbs(nn.Module):
   def __call__(self, inputs):
     if inputs.ndim != 3:
       raise ValueError(f'Expected (batch, tokens, width), got {inputs.shape}.')
-    shape = (1, inputs.shape[1], inputs.shape[2])
-    if self.has_variable('params', 'pos_embedding'):
-      have = self.get_variable('params', 'pos_embedding').shape
-      if have != shape:
-        raise ValueError(
-            f'The position embedding has shape {have} but the input needs '
-            f'{shape}: resize it for the new resolution with '
-            '`checkpoint.interpolate_posembed` (`load_pretrained` does).')
-    pe = self.param('pos_embedding', self.posemb_init, shape)
-    return inputs + pe
+    return inputs + _posemb_table(
+        self, 'pos_embedding', (1, *inputs.shape[1:]),
+        'with `checkpoint.interpolate_posembed` (`load_pretrained` does)')
 
 
 class AddPositionEmbs2D(nn.Module):
@@ -88,28 +78,33 @@ class AddPositionEmbs2D(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, grid):
-    n, _, d = inputs.shape
+    d = inputs.shape[-1]
     h, w = grid
     if d % 2:
       raise ValueError(f"posemb='learn2d' needs an even width, got {d}.")
-    row = self._table('pos_embedding_row', h, d // 2)
-    col = self._table('pos_embedding_col', w, d // 2)
+    fix = 'by 1-D interpolation along axis 1 (`load_pretrained` does)'
+    row = _posemb_table(self, 'pos_embedding_row', (1, h, d // 2), fix)
+    col = _posemb_table(self, 'pos_embedding_col', (1, w, d // 2), fix)
     pe = jnp.concatenate([
         jnp.broadcast_to(row[:, :, None], (1, h, w, d // 2)),
         jnp.broadcast_to(col[:, None, :], (1, h, w, d // 2)),
     ], axis=-1).reshape(1, h * w, d)
     return inputs + _pad_prefix(pe, inputs.shape[1] - h * w)
 
-  def _table(self, name, length, width):
-    shape = (1, length, width)
-    if self.has_variable('params', name):
-      have = self.get_variable('params', name).shape
-      if have != shape:
-        raise ValueError(
-            f'The position embedding {name} has shape {have} but the patch '
-            f'grid needs {shape}: resize it for the new resolution by 1-D '
-            'interpolation along axis 1.')
-    return self.param(name, self.posemb_init, shape)
+
+def _posemb_table(module, name, shape, fix):
+  """`module`'s learned table `name` of `shape`, initialized if absent.
+
+  A stored table of another shape means a resolution change without a
+  resize: flax would raise too, but only this error says how to `fix` it.
+  """
+  if module.has_variable('params', name):
+    stored = module.get_variable('params', name).shape
+    if stored != shape:
+      raise ValueError(
+          f'The position embedding {name} has shape {stored} but the input '
+          f'needs {shape}: resize it for the new resolution {fix}.')
+  return module.param(name, module.posemb_init, shape)
 
 
 def posemb_sincos_2d(h, w, width, temperature=10_000., dtype=jnp.float32):
@@ -187,18 +182,18 @@ class RelativePositionBias(nn.Module):
         the content logits; the leading (class) tokens come first.
       grid: (h, w) of the patch grid.
     """
-    _, t, heads, depth = query.shape
+    _, tokens, heads, depth = query.shape
     span = 2 * self.max_distance + 1
     table = self.param('rel_embedding', self.embedding_init,
                        (span, span, heads, depth))
-    n = grid[0] * grid[1]
-    prefix = t - n
+    patches = grid[0] * grid[1]
+    prefix = tokens - patches
     if prefix < 0:
-      raise ValueError(f'{t} tokens cannot hold a {grid} grid of patches.')
+      raise ValueError(f'{tokens} tokens cannot hold a {grid} grid of patches.')
     index = relative_offset_index(grid, self.max_distance)
     logits = jnp.einsum('bqhd,uhd->bhqu', query[:, prefix:],
                         table.reshape(span * span, heads, depth))
-    bias = logits[:, :, np.arange(n)[:, None], index]
+    bias = logits[:, :, np.arange(patches)[:, None], index]
     return jnp.pad(bias, ((0, 0), (0, 0), (prefix, 0), (prefix, 0)))
 
 
@@ -206,7 +201,11 @@ def _biased_attention(query, key, value, mask=None, dropout_rng=None,
                       dropout_rate=0., broadcast_dropout=True,
                       deterministic=False, dtype=None, precision=None, *,
                       bias_fn):
-  """nn.dot_product_attention plus a bias computed from the scaled query."""
+  """nn.dot_product_attention plus a bias computed from the scaled query.
+
+  The arguments are spelled out because MultiHeadDotProductAttention passes
+  an `attention_fn` only those its signature names.
+  """
   bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
   return nn.dot_product_attention(
       query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
@@ -230,12 +229,9 @@ class DropPath(nn.Module):
   def __call__(self, x, *, deterministic):
     if not 0. <= self.rate < 1.:
       raise ValueError(f'Drop path rate must be in [0, 1), got {self.rate}.')
-    if deterministic or self.rate == 0.:
-      return x
-    keep = 1. - self.rate
-    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
-    kept = jax.random.bernoulli(self.make_rng('dropout'), keep, shape)
-    return jnp.where(kept, x / keep, jnp.zeros_like(x))
+    # One draw per sample: the mask is broadcast over all other axes.
+    return nn.Dropout(self.rate, broadcast_dims=range(1, x.ndim))(
+        x, deterministic=deterministic)
 
 
 def drop_path_rates(rate, num_layers):
@@ -295,10 +291,11 @@ class Encoder1DBlock(nn.Module):
     if self.relative_max_distance is not None:
       if grid is None:
         raise ValueError('A relative position bias needs the patch grid.')
-      rel = RelativePositionBias(self.relative_max_distance,
-                                 name='posembed_relative')
+      relative_bias = RelativePositionBias(self.relative_max_distance,
+                                           name='posembed_relative')
       attention_fn = functools.partial(
-          _biased_attention, bias_fn=functools.partial(rel, grid=grid))
+          _biased_attention,
+          bias_fn=functools.partial(relative_bias, grid=grid))
 
     x = nn.LayerNorm()(inputs)
     x = nn.MultiHeadDotProductAttention(
@@ -487,26 +484,60 @@ class VisionTransformer(nn.Module):
     return x
 
   def _resnet(self, x):
-    """ResNet root and stages; their names stay at the top level."""
+    """ResNet root and stages; their names stay at the top level.
+
+    Downsamples by `resnet_stride(self.resnet)`; `token_grid` relies on it.
+    """
     width = int(64 * self.resnet['width_factor'])
-    x = models_resnet.StdConv(width, (7, 7), (2, 2), name='conv_root')(x)
+    x = models_resnet.StdConv(width, (7, 7), (2, 2), use_bias=False,
+                              name='conv_root')(x)
     x = nn.relu(nn.GroupNorm(name='gn_root')(x))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
     for i, block_size in enumerate(self.resnet['num_layers']):
       x = models_resnet.ResNetStage(
-          block_size=block_size, nout=width * 2**i,
+          block_size=block_size, features=width * 2**i,
           first_stride=(2, 2) if i else (1, 1), name=f'block{i + 1}')(x)
     return x
 
 
 def patch_size(patches) -> Tuple[int, int]:
-  size = patches['size'] if 'size' in patches else patches.size
+  """(height, width) of `patches['size']`, which may be an int or a pair."""
+  size = patches['size']
   ph, pw = (size, size) if isinstance(size, int) else tuple(size)
   return int(ph), int(pw)
 
 
+def resnet_stride(resnet) -> int:
+  """How much a hybrid's ResNet (`VisionTransformer._resnet`) downsamples.
+
+  The root (stride-2 conv, stride-2 max-pool) downsamples by 4 and each
+  stage after the first by another 2. No ResNet (None) gives 1.
+  """
+  if resnet is None:
+    return 1
+  return 4 * 2**max(len(resnet['num_layers']) - 1, 0)
+
+
+def token_grid(model_config, image_size) -> Tuple[int, int]:
+  """The (h, w) grid of patch tokens that a ViT or hybrid makes of an image.
+
+  Computed from the config alone, without tracing the model.
+
+  Args:
+    model_config: dict or ConfigDict with `patches.size` and, for hybrids,
+      `resnet.num_layers`.
+    image_size: (height, width) of an image the model accepts: its sides (a
+      hybrid's feature map's) are multiples of the patch's.
+  """
+  stride = resnet_stride(model_config.get('resnet'))
+  ph, pw = patch_size(model_config['patches'])
+  # The ResNet pads ('SAME'), so each of its strides rounds up.
+  height, width = (-(-side // stride) for side in image_size)
+  return height // ph, width // pw
+
+
 def check_image_size(shape, patch: Tuple[int, int], what: str = 'Image'):
-  """Raises a ValueError unless `shape` is NHWC with sides divisible by `patch`."""
+  """Raises a ValueError unless `shape` is NHWC, sides multiples of `patch`."""
   if len(shape) != 4:
     raise ValueError(f'Expected NHWC images, got shape {tuple(shape)}.')
   _, h, w, _ = shape

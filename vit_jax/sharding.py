@@ -6,6 +6,7 @@ kernel', or the same path inside the optimizer state) gives its
 PartitionSpec; leaves no rule matches are replicated.
 """
 
+import math
 import re
 from typing import Sequence
 
@@ -16,32 +17,22 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 def make_mesh(axes: Sequence, devices=None) -> Mesh:
   """A mesh from `[(name, size), ...]`; one size may be -1 (all the rest)."""
-  devices = np.asarray(jax.devices() if devices is None else devices)
+  devices = list(jax.devices() if devices is None else devices)
   names = tuple(name for name, _ in axes)
   sizes = [int(size) for _, size in axes]
   if 'data' not in names:
     raise ValueError(f'The mesh needs a `data` axis, got axes {names}.')
-  known = int(np.prod([s for s in sizes if s != -1]))
-  if sizes.count(-1) > 1 or devices.size % known:
-    raise ValueError(f'Mesh axes {list(axes)} do not fit {devices.size} '
+  known = math.prod(s for s in sizes if s != -1)
+  if sizes.count(-1) > 1 or len(devices) % known:
+    raise ValueError(f'Mesh axes {list(axes)} do not fit {len(devices)} '
                      'devices.')
-  sizes = [devices.size // known if s == -1 else s for s in sizes]
-  if int(np.prod(sizes)) != devices.size:
+  sizes = [len(devices) // known if s == -1 else s for s in sizes]
+  if math.prod(sizes) != len(devices):
     raise ValueError(f'Mesh axes {dict(zip(names, sizes))} use '
-                     f'{int(np.prod(sizes))} devices, but there are '
-                     f'{devices.size}.')
-  return Mesh(devices.reshape(sizes), names,
-              axis_types=(AxisType.Auto,) * len(names))
-
-
-def _path(key_path) -> str:
-  parts = []
-  for k in key_path:
-    for attr in ('key', 'name', 'idx'):
-      if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
-        break
-  return '/'.join(parts)
+                     f'{math.prod(sizes)} devices, but there are '
+                     f'{len(devices)}.')
+  return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names),
+                       devices=devices)
 
 
 def tree_shardings(tree, mesh: Mesh, rules=()):
@@ -49,7 +40,7 @@ def tree_shardings(tree, mesh: Mesh, rules=()):
   compiled = [(re.compile(regex), P(*spec)) for regex, spec in rules]
 
   def sharding(key_path, leaf):
-    path = _path(key_path)
+    path = jax.tree_util.keystr(key_path, simple=True, separator='/')
     for regex, spec in compiled:
       if regex.search(path) and len(spec) <= np.ndim(leaf):
         return NamedSharding(mesh, spec)

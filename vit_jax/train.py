@@ -1,5 +1,10 @@
-"""Training and evaluation: one jitted step on a device mesh, Orbax resume."""
+"""Training and evaluation: one jitted step on a device mesh, Orbax resume.
 
+As flax's imagenet example: `create_train_state`, pure `train_step` and
+`eval_step`, and `train_and_evaluate`, a short loop over small functions.
+"""
+
+import datetime
 import functools
 import json
 import os
@@ -10,7 +15,6 @@ import time
 from absl import logging
 import chex
 from clu import metric_writers
-import flax
 from flax.training import train_state
 import jax
 from jax.experimental import multihost_utils
@@ -23,13 +27,14 @@ import orbax.checkpoint as ocp
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import models
+from vit_jax import models_vit
 from vit_jax import sharding
 
 TrainState = train_state.TrainState
 
 
 def make_model(config, num_classes: int):
-  return models.model_class(config.model.model_name)(
+  return models.model_class(config.model_name)(
       num_classes=num_classes, **config.model)
 
 
@@ -42,28 +47,23 @@ def pretrained_path(config):
   return None
 
 
-def _token_grid(model, image_shape):
-  """The (h, w) grid of patch tokens the model makes of `image_shape`."""
-  def embed(x):
-    return model.apply(
-        model.init(jax.random.key(0), x, train=False), x, train=False,
-        capture_intermediates=lambda mdl, _: mdl.name == 'embedding')
-  _, inter = jax.eval_shape(embed, jnp.zeros(image_shape))
-  if 'embedding' not in inter['intermediates']:
-    return None  # a Mixer: its token count is fixed
-  return tuple(inter['intermediates']['embedding']['__call__'][0].shape[1:3])
+def warmup_steps(config) -> int:
+  """`warmup_steps`, or a tenth of a run too short for it (a debug run)."""
+  if config.warmup_steps < config.total_steps:
+    return config.warmup_steps
+  return config.total_steps // 10
 
 
 def make_schedule(config) -> optax.Schedule:
   """Linear warmup from 0 to base_lr, then cosine or linear decay to 0."""
+  warmup = warmup_steps(config)
   if config.decay_type == 'cosine':
     return optax.warmup_cosine_decay_schedule(
-        0.0, config.base_lr, config.warmup_steps, config.total_steps)
+        0.0, config.base_lr, warmup, config.total_steps)
   return optax.join_schedules([
-      optax.linear_schedule(0.0, config.base_lr, config.warmup_steps),
-      optax.linear_schedule(config.base_lr, 0.0,
-                            config.total_steps - config.warmup_steps),
-  ], [config.warmup_steps])
+      optax.linear_schedule(0.0, config.base_lr, warmup),
+      optax.linear_schedule(config.base_lr, 0.0, config.total_steps - warmup),
+  ], [warmup])
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
@@ -113,18 +113,24 @@ def eval_step(state: TrainState, batch, *, loss: str):
 
 def validate_config(config, num_devices_data: int):
   """Fails fast, before any compilation, on inconsistent settings."""
-  choices = {'optimizer': ('sgd', 'adamw'), 'loss': ('softmax_xent',
-                                                     'sigmoid_xent'),
+  choices = {'optimizer': ('sgd', 'adamw'),
+             'loss': ('softmax_xent', 'sigmoid_xent'),
              'decay_type': ('cosine', 'linear'),
              'trainer': ('train', 'inference_time')}
   for key, allowed in choices.items():
     if config[key] not in allowed:
       raise ValueError(f'config.{key}={config[key]!r}; expected one of '
                        f'{allowed}.')
-  if config.total_steps <= 0 or not 0 <= config.warmup_steps < (
-      config.total_steps):
-    raise ValueError(f'Need 0 <= warmup_steps ({config.warmup_steps}) < '
-                     f'total_steps ({config.total_steps}).')
+  if config.optimizer == 'sgd' and config.weight_decay:
+    raise ValueError(f'config.weight_decay={config.weight_decay} needs '
+                     "optimizer='adamw'; SGD has none (set it to 0).")
+  if config.total_steps <= 0 or config.warmup_steps < 0:
+    raise ValueError(f'Need total_steps ({config.total_steps}) > 0 and '
+                     f'warmup_steps ({config.warmup_steps}) >= 0.')
+  if config.warmup_steps >= config.total_steps:
+    logging.warning('warmup_steps=%d is not shorter than total_steps=%d: '
+                    'warming up for %d steps instead.', config.warmup_steps,
+                    config.total_steps, warmup_steps(config))
   micro = config.batch // config.accum_steps
   if config.batch % config.accum_steps or micro % num_devices_data:
     raise ValueError(
@@ -134,6 +140,97 @@ def validate_config(config, num_devices_data: int):
   if config.batch_eval % num_devices_data:
     raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
                      f'{num_devices_data} devices on the `data` axis.')
+
+
+# Building the state.
+
+
+def _restore(manager, abstract, shardings):
+  """The latest checkpoint, once its keys and shapes fit the model."""
+  step = manager.latest_step()
+  where = f'The checkpoint in {manager.directory}'
+  try:
+    checkpoint.inspect_params(
+        params=manager.item_metadata(step).tree['params'],
+        expected=abstract.params, source=where)
+  except checkpoint.CheckpointError as e:
+    raise checkpoint.CheckpointError(
+        f'{e}\nUse a fresh --workdir, or the config that wrote this one.'
+    ) from None
+  target = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract, shardings)
+  logging.info('Resuming from step %d in %s', step, manager.directory)
+  return manager.restore(step, args=ocp.args.StandardRestore(target))
+
+
+def _fine_tune_from(path, state, config, shardings):
+  """`state` with the pretrained parameters of `path`, for this model."""
+  grid = None  # a Mixer: its token count is fixed
+  if models.model_class(config.model_name) is models.VisionTransformer:
+    grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
+  params = checkpoint.load_pretrained(
+      pretrained_path=path, init_params=jax.device_get(state.params),
+      model_config=config.model, new_grid=grid)
+  print(f'Fine-tuning from {path}.', flush=True)
+  return state.replace(params=jax.device_put(params, shardings.params))
+
+
+def create_train_state(config, model, mesh, manager):
+  """(state, its shardings, steps done): restored, fine-tuned or fresh."""
+  init_rng = jax.random.split(jax.random.key(config.seed))[0]
+  image_shape = (1, config.pp.crop, config.pp.crop, 3)
+
+  def init():
+    variables = model.init(init_rng, jnp.zeros(image_shape), train=False)
+    return TrainState.create(apply_fn=model.apply, params=variables['params'],
+                             tx=make_optimizer(config))
+
+  abstract = jax.eval_shape(init)  # raises on a bad image size
+  shardings = sharding.tree_shardings(abstract, mesh, config.sharding_rules)
+  if manager.latest_step() is not None:
+    return (_restore(manager, abstract, shardings), shardings,
+            manager.latest_step())
+  path = pretrained_path(config)
+  if path and not os.path.exists(path):
+    raise FileNotFoundError(f'Pretrained checkpoint {path} does not exist.')
+  state = jax.jit(init, out_shardings=shardings)()
+  if path:
+    state = _fine_tune_from(path, state, config, shardings)
+  return state, shardings, 0
+
+
+def make_step_fns(config, mesh, shardings):
+  """The jitted train step (state donated) and eval step, on the mesh."""
+  dropout_rng = jax.random.split(jax.random.key(config.seed))[1]
+  batches = sharding.batch_sharding(mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train_fn = jax.jit(
+      functools.partial(train_step, rng=dropout_rng, loss=config.loss),
+      in_shardings=(shardings, batches), out_shardings=(shardings, replicated),
+      donate_argnums=0)
+  eval_fn = jax.jit(functools.partial(eval_step, loss=config.loss),
+                    in_shardings=(shardings, batches), out_shardings=replicated)
+  return train_fn, eval_fn
+
+
+# The loop's pieces.
+
+
+def _global_batches(batches, mesh):
+  """Host batches -> global arrays split over the mesh's `data` axis."""
+  data = sharding.batch_sharding(mesh)
+  for batch in batches:
+    yield jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(data, x), batch)
+
+
+def _train_batches(info, config, mesh, start_step):
+  """Global micro-batches from update `start_step` on."""
+  micro_batch = config.batch // config.accum_steps
+  return _global_batches(input_pipeline.train_iterator(
+      info, config, batch_size=input_pipeline.host_batch_size(micro_batch),
+      start_step=start_step * config.accum_steps), mesh)
 
 
 class _Preemption:
@@ -158,45 +255,60 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def _flat_shapes(tree):
-  flat = flax.traverse_util.flatten_dict(tree, sep='/')
-  return {k: tuple(v.shape) for k, v in flat.items() if v is not None}
+class Progress:
+  """Collects losses on device; fetches, checks, prints and logs them."""
+
+  def __init__(self, config, writer, start_step: int):
+    self.config, self.writer = config, writer
+    self.schedule = make_schedule(config)
+    self.pending = []
+    self.step, self.time = start_step, time.perf_counter()
+
+  def add(self, loss):
+    self.pending.append(loss)  # no host round-trip until `report`
+
+  def restart_clock(self):
+    """Leaves out of the speed what was not training (evaluation)."""
+    self.time = time.perf_counter()
+
+  def report(self, step: int):
+    """Prints the mean loss since the last report; raises on a NaN."""
+    losses = np.asarray(jax.device_get(self.pending), np.float64)
+    self.pending = []
+    if not np.all(np.isfinite(losses)):
+      raise FloatingPointError(f'Loss became {losses[~np.isfinite(losses)][0]}'
+                               f' by step {step}: training stopped.')
+    config, now, loss = self.config, time.perf_counter(), float(losses.mean())
+    img_s = (step - self.step) * config.batch / (now - self.time)
+    lr = float(self.schedule(step - 1))
+    eta = (config.total_steps - step) * config.batch / max(img_s, 1e-9)
+    print(f'[{step}/{config.total_steps}] loss {loss:.4f}  '
+          f'lr {lr:.3g}  {img_s:.0f} img/s  '
+          f'ETA {datetime.timedelta(seconds=int(eta))}',
+          flush=True)
+    self.writer.write_scalars(step, {'train_loss': loss,
+                                     'learning_rate': lr, 'img_per_sec': img_s})
+    self.step, self.time = step, now
 
 
-def check_checkpoint_fits(metadata_params, expected_params, where: str):
-  """Raises a ValueError listing keys/shapes where a checkpoint differs."""
-  have, want = _flat_shapes(metadata_params), _flat_shapes(expected_params)
-  problems = [f'  {k}: checkpoint {have[k]} vs model {want[k]}'
-              for k in sorted(set(have) & set(want)) if have[k] != want[k]]
-  problems += [f'  {k}: missing from the checkpoint'
-               for k in sorted(set(want) - set(have))]
-  problems += [f'  {k}: not in the model'
-               for k in sorted(set(have) - set(want))]
-  if problems:
-    raise ValueError(
-        f'The checkpoint in {where} does not fit the configured model '
-        f'({len(problems)} differences; first ones):\n' +
-        '\n'.join(problems[:10]) +
-        '\nUse a fresh --workdir, or the config that wrote this one.')
-
-
-def _fetch_losses(pending, step):
-  losses = np.asarray(jax.device_get(pending), np.float64)
-  if not np.all(np.isfinite(losses)):
-    raise FloatingPointError(f'Loss became {losses[~np.isfinite(losses)][0]}'
-                             f' by step {step}: training stopped.')
-  return float(losses.mean())
+def _report(progress, step, manager):
+  """A progress line; a NaN loss stops, naming the last good checkpoint."""
+  try:
+    progress.report(step)
+  except FloatingPointError as e:
+    manager.wait_until_finished()
+    raise FloatingPointError(
+        f'{e} The last good checkpoint is step {manager.latest_step()} in '
+        f'{manager.directory}.') from None
 
 
 def evaluate(eval_fn, state, info, config, mesh):
   """Accuracy and mean loss over every test example."""
   totals = None
-  bsh = sharding.batch_sharding(mesh)
-  for batch in input_pipeline.eval_batches(
-      info, config, batch_size=input_pipeline.host_batch_size(
-          config.batch_eval)):
-    batch = jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(bsh, x), batch)
+  batches = input_pipeline.eval_batches(
+      info, config,
+      batch_size=input_pipeline.host_batch_size(config.batch_eval))
+  for batch in _global_batches(batches, mesh):
     out = eval_fn(state, batch)
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   totals = jax.device_get(totals)
@@ -205,147 +317,29 @@ def evaluate(eval_fn, state, info, config, mesh):
           'loss': float(totals['loss']) / count, 'count': int(count)}
 
 
-def _format_eta(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+def _evaluate_and_report(eval_fn, state, info, config, mesh, writer, step):
+  result = evaluate(eval_fn, state, info, config, mesh)
+  print(f'[{step}/{config.total_steps}] test accuracy '
+        f'{result["accuracy"]:.4f}  loss {result["loss"]:.4f}  '
+        f'({result["count"]} examples)', flush=True)
+  writer.write_scalars(step, {'eval_accuracy': result['accuracy'],
+                              'eval_loss': result['loss']})
+  return result
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
-  """Trains (resuming from `workdir`), evaluates, returns the final params."""
-  mesh = sharding.make_mesh(config.mesh)
-  validate_config(config, mesh.shape['data'])
-  path = pretrained_path(config)
-  builder = input_pipeline.get_builder(config)
-  info = input_pipeline.get_dataset_info(builder, config)
-  model = make_model(config, info.num_classes)
-  tx = make_optimizer(config)
-  rng = jax.random.key(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
-  image_shape = (1, config.pp.crop, config.pp.crop, 3)
+def _every(step: int, period: int) -> bool:
+  return bool(period) and step % period == 0
 
-  def init_state():
-    variables = model.init(init_rng, jnp.zeros(image_shape), train=False)
-    return TrainState.create(apply_fn=model.apply, params=variables['params'],
-                             tx=tx)
 
-  abstract = jax.eval_shape(init_state)  # raises on a bad image size
-  state_sh = sharding.tree_shardings(abstract, mesh, config.sharding_rules)
-  repl = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  bsh = sharding.batch_sharding(mesh)
-
-  ckpt_dir = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  mngr = ocp.CheckpointManager(
-      ckpt_dir, item_handlers=ocp.StandardCheckpointHandler(),
-      options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
-  latest = mngr.latest_step()
-  if latest is None and path and not os.path.exists(path):
-    raise FileNotFoundError(f'Pretrained checkpoint {path} does not exist.')
-  if latest is not None:
-    check_checkpoint_fits(mngr.item_metadata(latest).tree['params'],
-                          abstract.params, ckpt_dir)
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract, state_sh)
-    state = mngr.restore(latest, args=ocp.args.StandardRestore(target))
-    logging.info('Resumed from step %d in %s', latest, ckpt_dir)
-  else:
-    state = jax.jit(init_state, out_shardings=state_sh)()
-    if path:
-      params = checkpoint.load_pretrained(
-          pretrained_path=path, init_params=jax.device_get(state.params),
-          model_config=config.model,
-          new_grid=_token_grid(model, image_shape))
-      state = state.replace(params=jax.device_put(params, state_sh.params))
-      print(f'Fine-tuning from {path}.', flush=True)
-  start_step = latest or 0
-  if start_step >= config.total_steps:
-    print(f'{workdir} already holds the final step {start_step}; '
-          'nothing to train.', flush=True)
-    mngr.close()
-    return state.params
-
-  step_fn = jax.jit(
-      functools.partial(train_step, rng=dropout_rng, loss=config.loss),
-      in_shardings=(state_sh, bsh), out_shardings=(state_sh, repl),
-      donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, loss=config.loss),
-                    in_shardings=(state_sh, bsh), out_shardings=repl)
-
-  writer = metric_writers.create_default_writer(
-      workdir, just_logging=jax.process_index() > 0)
-  if start_step == 0:
-    flat = flax.traverse_util.flatten_dict(config.to_dict(), sep='.')
-    writer.write_hparams({k: v for k, v in flat.items()
-                          if isinstance(v, (int, float, str, bool))})
-  schedule = make_schedule(config)
-  micro_batch = config.batch // config.accum_steps
-  batches = input_pipeline.train_iterator(
-      info, config, batch_size=input_pipeline.host_batch_size(micro_batch),
-      start_step=start_step * config.accum_steps)
-
-  t_start = t_mark = time.perf_counter()
-  step_mark, pending, result = start_step, [], {}
-  with _Preemption() as preemption:
-    for step in range(start_step + 1, config.total_steps + 1):
-      for _ in range(config.accum_steps):
-        batch = jax.tree.map(
-            lambda x: jax.make_array_from_process_local_data(bsh, x),
-            next(batches))
-        state, metrics = step_fn(state, batch)
-        pending.append(metrics['loss'])
-
-      last = step == config.total_steps
-      save = (config.checkpoint_every and step % config.checkpoint_every == 0
-              ) or last or preemption.requested
-      if step % config.progress_every == 0 or save:
-        try:
-          loss = _fetch_losses(pending, step)
-        except FloatingPointError as e:
-          mngr.wait_until_finished()
-          raise FloatingPointError(
-              f'{e} The last good checkpoint is step {mngr.latest_step()} in '
-              f'{ckpt_dir}.') from None
-        pending = []
-        now = time.perf_counter()
-        img_s = (step - step_mark) * config.batch / (now - t_mark)
-        lr = float(schedule(step - 1))
-        eta = (config.total_steps - step) * config.batch / max(img_s, 1e-9)
-        print(f'[{step}/{config.total_steps}] loss {loss:.4f}  lr {lr:.3g}  '
-              f'{img_s:.0f} img/s  ETA {_format_eta(eta)}', flush=True)
-        writer.write_scalars(step, {'train_loss': loss, 'learning_rate': lr,
-                                    'img_per_sec': img_s})
-        t_mark, step_mark = now, step
-
-      if (config.eval_every and step % config.eval_every == 0) or last:
-        result = evaluate(eval_fn, state, info, config, mesh)
-        print(f'[{step}/{config.total_steps}] test accuracy '
-              f'{result["accuracy"]:.4f}  loss {result["loss"]:.4f}  '
-              f'({result["count"]} examples)', flush=True)
-        writer.write_scalars(step, {'eval_accuracy': result['accuracy'],
-                                    'eval_loss': result['loss']})
-        t_mark = time.perf_counter()  # eval time is not training speed
-
-      if save:
-        mngr.save(step, args=ocp.args.StandardSave(state), force=True)
-      if preemption.requested and not last:
-        mngr.wait_until_finished()
-        print(f'Preempted: saved step {step} to {ckpt_dir}; rerun the same '
-              'command to continue.', flush=True)
-        break
-
-  mngr.wait_until_finished()
-  mngr.close()
-  writer.flush()
-  if step == config.total_steps:
-    export_npz(state.params, os.path.join(workdir, f'{config.model_name}.npz'))
-    secs = time.perf_counter() - t_start
-    if jax.process_index() == 0:
-      with open(os.path.join(workdir, 'results.json'), 'w') as f:
-        json.dump(dict(result, step=step, seconds_since_start=secs), f)
-    print(f'Done: {config.total_steps} steps, test accuracy '
-          f'{result["accuracy"]:.4f}, {secs:.0f} s since start or resume.',
-          flush=True)
-  return state.params
+def finish(config, workdir, params, result, seconds):
+  """Exports the final parameters as .npz and writes `results.json`."""
+  export_npz(params, os.path.join(workdir, f'{config.model_name}.npz'))
+  step = config.total_steps
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump(dict(result, step=step, seconds_since_start=seconds), f)
+  print(f'Done: {step} steps, test accuracy {result["accuracy"]:.4f}, '
+        f'{seconds:.0f} s since start or resume.', flush=True)
 
 
 def export_npz(params, path):
@@ -355,3 +349,60 @@ def export_npz(params, path):
   params = jax.device_get(params)
   if jax.process_index() == 0:
     checkpoint.save(params, path)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
+  """Trains (resuming from `workdir`), evaluates, returns the final params."""
+  mesh = sharding.make_mesh(config.mesh)
+  validate_config(config, mesh.shape['data'])
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  manager = ocp.CheckpointManager(
+      os.path.join(os.path.abspath(workdir), 'checkpoints'),
+      item_handlers=ocp.StandardCheckpointHandler(),
+      options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
+  state, shardings, start = create_train_state(
+      config, make_model(config, info.num_classes), mesh, manager)
+  if start >= config.total_steps:
+    print(f'{workdir} already holds the final step {start}; nothing to '
+          'train.', flush=True)
+    manager.close()
+    return state.params
+
+  train_fn, eval_fn = make_step_fns(config, mesh, shardings)
+  writer = metric_writers.create_default_writer(
+      workdir, just_logging=jax.process_index() > 0)
+  if start == 0:
+    writer.write_hparams(config.to_dict())
+  batches = _train_batches(info, config, mesh, start)
+  progress, result = Progress(config, writer, start), {}
+  t_start = time.perf_counter()
+  with _Preemption() as preemption:
+    for step in range(start + 1, config.total_steps + 1):
+      for _ in range(config.accum_steps):
+        state, metrics = train_fn(state, next(batches))
+        progress.add(metrics['loss'])
+      last = step == config.total_steps
+      save = last or preemption.requested or _every(step,
+                                                    config.checkpoint_every)
+      if save or _every(step, config.progress_every):
+        _report(progress, step, manager)
+      if last or _every(step, config.eval_every):
+        result = _evaluate_and_report(eval_fn, state, info, config, mesh,
+                                      writer, step)
+        progress.restart_clock()
+      if save:
+        manager.save(step, args=ocp.args.StandardSave(state), force=True)
+      if preemption.requested:
+        break
+
+  manager.wait_until_finished()
+  manager.close()
+  writer.flush()
+  if step == config.total_steps:
+    finish(config, workdir, state.params, result,
+           time.perf_counter() - t_start)
+  else:
+    print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
+          'same command to continue.', flush=True)
+  return state.params

@@ -1,0 +1,59 @@
+"""Helpers shared by the model and checkpoint tests.
+
+Parameters: random draws of `jax.eval_shape`'s shapes, since initializing
+costs more than applying on CPU. References: numpy code written from the
+papers' equations, independent of `vit_jax`.
+"""
+
+import jax
+import numpy as np
+
+
+def param_shapes(module, *args, **kw):
+  """`module.init(key, *args, **kw)['params']` as shapes, without running it."""
+  return jax.eval_shape(
+      lambda: module.init(jax.random.key(0), *args, **kw))['params']
+
+
+def random_params(module, *args, seed=0, scale=0.5, dtype=np.float32, **kw):
+  """N(0, scale^2) parameters of `module`'s shapes, from numpy's `seed`.
+
+  The leaves are drawn in `jax.tree.flatten`'s order, one generator for all.
+  """
+  leaves, treedef = jax.tree.flatten(param_shapes(module, *args, **kw))
+  rng = np.random.default_rng(seed)
+  return jax.tree.unflatten(
+      treedef, [rng.normal(0, scale, l.shape).astype(dtype) for l in leaves])
+
+
+# Numpy references.
+
+
+def layernorm(x, p, eps=1e-6):
+  """LayerNorm over the last axis, with `p`'s scale and bias."""
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu)**2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * p['scale'] + p['bias']
+
+
+def gelu(x):  # tanh approximation, as flax's nn.gelu
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def mlp(x, p):
+  """Two dense layers with a GELU between: `Dense_0`, `Dense_1` of `p`."""
+  h = gelu(x @ p['Dense_0']['kernel'] + p['Dense_0']['bias'])
+  return h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
+
+
+def patch_embed(images, p, patch):
+  """Linear projection of the flattened patch x patch patches, row-major.
+
+  `p` holds the (patch, patch, channels, width) kernel and the bias of the
+  stride-`patch` convolution that the models use for it.
+  """
+  n, h, w, c = images.shape
+  gh, gw = h // patch, w // patch
+  x = images.reshape(n, gh, patch, gw, patch, c).transpose(0, 1, 3, 2, 4, 5)
+  x = x.reshape(n, gh * gw, patch * patch * c)
+  return x @ p['kernel'].reshape(-1, p['kernel'].shape[-1]) + p['bias']

@@ -1,0 +1,100 @@
+"""Resizing position embeddings to another patch grid (paper, Sec. 3.2).
+
+Fine-tuning at a higher resolution keeps the patch size, so the grid of
+patches grows; the learned position embeddings are resized to it as an image
+would be. `checkpoint.load_pretrained` does this on loading.
+"""
+
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+import scipy.ndimage
+
+RESIZE_METHODS = ('bicubic', 'linear_zoom')
+
+
+def square_side(n: int, what: str) -> int:
+  side = int(round(np.sqrt(max(n, 0))))
+  if n < 1 or side * side != n:
+    raise ValueError(f'{what}: {n} tokens are not a square grid; give the '
+                     '(height, width) grid explicitly.')
+  return side
+
+
+def check_method(method: str) -> None:
+  if method not in RESIZE_METHODS:
+    raise ValueError(f'Unknown resize method {method!r}; expected one of '
+                     f'{RESIZE_METHODS}.')
+
+
+def _check_posemb(posemb, method: str) -> np.ndarray:
+  check_method(method)
+  posemb = np.asarray(posemb)
+  if posemb.ndim != 3 or posemb.shape[0] != 1:
+    raise ValueError(f'Expected a (1, tokens, width) position embedding, got '
+                     f'{posemb.shape}.')
+  return posemb
+
+
+def resize_posemb_grid(posemb,
+                       *,
+                       old_grid: Optional[Sequence[int]] = None,
+                       new_grid: Sequence[int],
+                       has_class_token: bool,
+                       method: str = 'bicubic') -> np.ndarray:
+  """Resizes a (1, [1 +] tokens, D) position embedding to another grid.
+
+  The grid is 2-D, (h, w) patches in row-major order, or 1-D, (n,) entries
+  (the row or column table of posemb='learn2d'). Both grids cover the same
+  image, each entry at the centre of its cell: entry i of n at (i + 0.5) / n.
+
+  Args:
+    posemb: (1, N, D) array; the class token, if any, first (kept as is).
+    old_grid: the grid of `posemb`; None for a square (or 1-D) one.
+    new_grid: the grid to resize to.
+    has_class_token: whether token 0 is the class token.
+    method: 'bicubic', `jax.image.resize(..., 'cubic', antialias=False)`; or
+      'linear_zoom', the original's `scipy.ndimage.zoom(..., order=1)`,
+      which aligns the end entries instead of the centres.
+  """
+  posemb = _check_posemb(posemb, method)
+  n_cls = int(has_class_token)
+  cls, tokens = posemb[:, :n_cls], posemb[0, n_cls:]
+  new_grid = tuple(int(n) for n in new_grid)
+  if old_grid is None:
+    old_grid = ((len(tokens),) if len(new_grid) == 1 else
+                (square_side(len(tokens), 'Position embedding'),) * 2)
+  old_grid = tuple(int(n) for n in old_grid)
+  if np.prod(old_grid) != len(tokens):
+    raise ValueError(f'old_grid {old_grid} does not match the {len(tokens)} '
+                     'grid tokens of the position embedding.')
+  if len(new_grid) != len(old_grid) or min(new_grid) < 1:
+    raise ValueError(f'new_grid must be positive and have the {len(old_grid)}'
+                     f' axes of old_grid {old_grid}, got {new_grid}.')
+  if old_grid == new_grid:
+    return posemb
+  grid = tokens.reshape(*old_grid, -1)
+  if method == 'bicubic':
+    new = jax.image.resize(grid, (*new_grid, grid.shape[-1]), 'cubic',
+                           antialias=False)
+  else:
+    new = scipy.ndimage.zoom(
+        grid, [n / o for n, o in zip(new_grid, old_grid)] + [1], order=1)
+  new = np.asarray(new, posemb.dtype).reshape(1, -1, posemb.shape[-1])
+  return np.concatenate([cls, new], axis=1)
+
+
+def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
+                         method: str = 'bicubic') -> np.ndarray:
+  """Resizes a square-grid (1, N, D) position embedding to `num_tokens`.
+
+  The class token, if any, counts in both N and `num_tokens`; see
+  `resize_posemb_grid`.
+  """
+  posemb = _check_posemb(posemb, method)
+  n_cls = int(has_class_token)
+  old = square_side(posemb.shape[1] - n_cls, 'Position embedding')
+  new = square_side(num_tokens - n_cls, 'Target')
+  return resize_posemb_grid(posemb, old_grid=(old, old), new_grid=(new, new),
+                            has_class_token=has_class_token, method=method)
