@@ -32,6 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.base_lr = 0.03
   config.decay_type = 'cosine'  # or 'linear'
   config.optimizer = 'sgd'  # momentum 0.9; or 'adamw'
+  # SGD momentum / AdamW first moment; 'bfloat16' (the original's) halves it.
+  config.momentum_dtype = 'float32'
   config.weight_decay = 0.0  # adamw only
   config.grad_norm_clip = 1.0  # 0 disables clipping
   config.loss = 'softmax_xent'  # or 'sigmoid_xent'
@@ -52,6 +54,9 @@ def get_config() -> ml_collections.ConfigDict:
   # [(regex over parameter paths, PartitionSpec tuple)], unmatched = replicated.
   config.mesh = [('data', -1)]
   config.sharding_rules = []
+  # Leaves no rule matches: 'replicate', or 'fsdp' (large parameters and
+  # their optimizer state split over `data`, to fit bigger models).
+  config.sharding_strategy = 'replicate'
   return config
 
 

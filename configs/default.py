@@ -25,10 +25,12 @@ def get_config() -> ml_collections.ConfigDict:
       patches=dict(size=(7, 7)),  # 28x28 -> a 4x4 grid of tokens
       hidden_size=128,
       transformer=dict(mlp_dim=256, num_heads=4, num_layers=4,
-                       dropout_rate=0.0, attention_dropout_rate=0.0),
+                       dropout_rate=0.0, attention_dropout_rate=0.0,
+                       remat_policy='none', scan=False),
       classifier='token',
       representation_size=None,
-      posemb='learn'))
+      posemb='learn',
+      dtype='float32'))
   config.optimizer = 'adamw'
   config.weight_decay = 0.05
   config.base_lr = 2e-3

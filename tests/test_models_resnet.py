@@ -1,5 +1,7 @@
 """Hybrid R+ViT presets, parameter tree, shapes, and ResNet numerics."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +173,64 @@ def test_residual_unit_matches_reference(channels, stride):
   out = jax.jit(unit.apply)({'params': params}, jnp.asarray(x, jnp.float32))
   np.testing.assert_allclose(out, _unit(x, params, stride),
                              rtol=2e-3, atol=2e-3)
+
+
+# bfloat16 computation (`dtype`): float32 parameters and statistics.
+
+# bf16 keeps 8 significant bits: each rounding is off by up to 2^-8 relative
+# (epsilon 2^-7). Over 10 draws, a stage of two units' roundings add up to
+# 1.0% of the largest output at most; the bound is four epsilons (3.1%).
+BF16_TOL = 4 * 2.**-7
+
+# 32 bottleneck channels. A first unit projects its shortcut (4 convs), the
+# stage's second unit does not (3 convs).
+BF16_MODULES = {
+    'unit': (functools.partial(models_resnet.ResidualUnit, 32, (2, 2)),
+             (2, 8, 8, 16), 4),
+    'stage': (functools.partial(models_resnet.ResNetStage, 2, 32, (2, 2)),
+              (2, 8, 8, 64), 7),
+}
+
+
+def _eqns(jaxpr):
+  """The equations of `jaxpr` and, recursively, of its sub-jaxprs."""
+  yield from jaxpr.eqns
+  for sub in jax.extend.core.subjaxprs(jaxpr):
+    yield from _eqns(sub)
+
+
+@pytest.mark.parametrize('name', sorted(BF16_MODULES))
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, 'bfloat16'])
+def test_bf16_convs_in_bf16(name, dtype):
+  make, shape, num_convs = BF16_MODULES[name]
+  module = make(dtype=dtype)
+  x = jnp.zeros(shape)
+  assert param_shapes(module, x) == param_shapes(make(), x)
+  params = random_params(module, x)
+  assert {p.dtype.name for p in jax.tree.leaves(params)} == {'float32'}
+  jaxpr = jax.make_jaxpr(module.apply)({'params': params}, x)
+  eqns = list(_eqns(jaxpr.jaxpr))
+  dtypes = lambda e: {v.aval.dtype.name for v in e.invars}
+  convs = [dtypes(e) for e in eqns
+           if e.primitive.name == 'conv_general_dilated']
+  assert convs == [{'bfloat16'}] * num_convs
+  # Weight standardization (sqrt of the variance) and GroupNorm statistics
+  # (rsqrt) in float32; their means too.
+  stats = [dtypes(e) for e in eqns
+           if e.primitive.name in ('reduce_sum', 'sqrt', 'rsqrt')]
+  assert stats and all(d == {'float32'} for d in stats)
+  assert jaxpr.out_avals[0].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize('name', sorted(BF16_MODULES))
+def test_bf16_close_to_float32(name):
+  make, shape, _ = BF16_MODULES[name]
+  x = jax.random.normal(jax.random.key(2), shape)
+  params = random_params(make(), x, seed=9)
+  out32 = jax.jit(make().apply)({'params': params}, x)
+  out16 = jax.jit(make(dtype=jnp.bfloat16).apply)({'params': params}, x)
+  assert out32.dtype == jnp.float32 and out16.dtype == jnp.bfloat16
+  err = np.max(np.abs(np.asarray(out16, np.float32) - out32))
+  peak = np.max(np.abs(out32))
+  assert peak > 1
+  assert 0 < err < BF16_TOL * peak, (err, peak)

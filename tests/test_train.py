@@ -9,6 +9,7 @@ import sys
 import chex
 import jax
 import numpy as np
+import optax
 import pytest
 
 from conftest import make_tiny_config
@@ -311,3 +312,102 @@ def test_trains_a_mixer(tiny_config, tmp_path):
   params = train.train_and_evaluate(tiny_config, str(tmp_path))
   assert 'MixerBlock_0' in params and 'stem' in params
   assert np.load(tmp_path / 'Mixer-testing.npz')['head/kernel'].shape == (16, 10)
+
+
+def _state_in(config, workdir):
+  """(TrainState, step) as a run in `workdir` starts: restored, else fresh."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  manager = ocp.CheckpointManager(
+      os.path.join(workdir, 'checkpoints'),
+      item_handlers=ocp.StandardCheckpointHandler())
+  state, _, step = train.create_train_state(
+      config, train.make_model(config, 10), sharding.make_mesh(config.mesh),
+      manager)
+  manager.close()
+  return state, step
+
+
+def test_fsdp_equals_replicated(tiny_config, tmp_path):
+  """FSDP splits kernels and their optimizer state 8 ways, same updates."""
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  tiny_config.model.hidden_size = 64  # kernels of 4096+ elements
+  tiny_config.model.transformer.mlp_dim = 128
+  tiny_config.total_steps = 3
+  tiny_config.checkpoint_every = 0
+  replicated = train.train_and_evaluate(tiny_config, str(tmp_path / 'rep'))
+  tiny_config.sharding_strategy = 'fsdp'
+  fsdp = train.train_and_evaluate(tiny_config, str(tmp_path / 'fsdp'))
+  chex.assert_trees_all_close(fsdp, replicated, rtol=1e-5, atol=1e-6)
+  kernel = fsdp['Transformer']['encoderblock_0']['MlpBlock_0']['Dense_0'][
+      'kernel']
+  assert kernel.addressable_shards[0].data.shape == (64, 128 // 8)
+  assert fsdp['head']['kernel'].sharding.is_fully_replicated  # 640 elements
+  assert replicated['Transformer']['encoderblock_0']['MlpBlock_0']['Dense_0'][
+      'kernel'].sharding.is_fully_replicated
+
+  state, step = _state_in(tiny_config, str(tmp_path / 'fsdp'))
+  assert step == 3
+  big = [x for x in jax.tree.leaves(state)
+         if x.size >= sharding.FSDP_MIN_SIZE]
+  # Each large parameter and its momentum.
+  assert len(big) == 2 * len([x for x in jax.tree.leaves(state.params)
+                              if x.size >= sharding.FSDP_MIN_SIZE]) > 0
+  for x in big:
+    assert x.addressable_shards[0].data.size * 8 == x.size
+  assert state.step.sharding.is_fully_replicated
+
+
+def test_momentum_dtype_sets_the_optimizer_state(tiny_config):
+  params = {'w': np.zeros((4, 3), np.float32)}
+  dtypes = {}
+  for optimizer in ('sgd', 'adamw'):
+    for dtype in ('float32', 'bfloat16'):
+      tiny_config.optimizer, tiny_config.momentum_dtype = optimizer, dtype
+      state = train.make_optimizer(tiny_config).init(params)
+      dtypes[optimizer, dtype] = sorted(
+          {str(x.dtype) for x in jax.tree.leaves(state) if x.ndim})
+  # AdamW's second moment stays float32.
+  assert dtypes['sgd', 'float32'] == ['float32']
+  assert dtypes['sgd', 'bfloat16'] == ['bfloat16']
+  assert dtypes['adamw', 'float32'] == ['float32']
+  assert dtypes['adamw', 'bfloat16'] == ['bfloat16', 'float32']
+  state = train.make_optimizer(tiny_config).init(params)
+  assert optax.tree_utils.tree_get(state, 'mu')['w'].dtype == jax.numpy.bfloat16
+  assert optax.tree_utils.tree_get(state, 'nu')['w'].dtype == np.float32
+  # Accumulating micro-batches adds a float32 sum of the gradients.
+  tiny_config.accum_steps = 2
+  state = train.make_optimizer(tiny_config).init(params)
+  assert state.acc_grads['w'].dtype == np.float32
+
+
+def test_bf16_momentum_trains_like_float32(reference, tmp_path):
+  """The reference run with bfloat16 SGD momentum: the same updates, but for
+  bfloat16 rounding (2**-8)."""
+  config, _, expected = reference
+  config = config.copy_and_resolve_references()
+  config.momentum_dtype = 'bfloat16'
+  params = jax.device_get(train.train_and_evaluate(config, str(tmp_path)))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  state, step = _state_in(config, str(tmp_path))
+  assert step == 6
+  trace = optax.tree_utils.tree_get(state.opt_state, 'trace')
+  assert {str(x.dtype) for x in jax.tree.leaves(trace)} == {'bfloat16'}
+  init = jax.device_get(_state_in(config, str(tmp_path / 'init'))[0].params)
+  ours = jax.tree.map(np.subtract, params, init)
+  theirs = jax.tree.map(np.subtract, expected, init)
+  norm = lambda tree: np.sqrt(sum(np.sum(x**2) for x in jax.tree.leaves(tree)))
+  error = norm(jax.tree.map(np.subtract, ours, theirs))
+  assert 0 < error < 0.02 * norm(theirs)
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('sharding_strategy', 'zero3', r"config.sharding_strategy='zero3'; "
+     r"expected one of \('replicate', 'fsdp'\)"),
+    ('momentum_dtype', 'float16', r"config.momentum_dtype='float16'; "
+     r"expected one of \('float32', 'bfloat16'\)")])
+def test_bad_strategy_or_momentum_dtype(tiny_config, tmp_path, key, value,
+                                        match):
+  tiny_config[key] = value
+  with pytest.raises(ValueError, match=match):
+    train.train_and_evaluate(tiny_config, str(tmp_path))

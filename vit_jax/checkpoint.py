@@ -112,6 +112,33 @@ def load(path) -> Params:
   return flax_checkpoints.convert_pre_linen(tree)
 
 
+def _unscanned(flat: Mapping[str, Any]) -> Params:
+  """Blocks stacked by `transformer.scan` -> `encoderblock_{i}` (published)."""
+  out = {}
+  for key, value in flat.items():
+    head, scanned, tail = key.partition('encoderblock/')
+    out.update({f'{head}encoderblock_{i}/{tail}': layer
+                for i, layer in enumerate(value)} if scanned else {key: value})
+  return out
+
+
+def scan_like(params: Mapping[str, Any], model_params: Mapping[str, Any]):
+  """Stacks per-block parameters if the model scans its blocks."""
+  if 'encoderblock' not in model_params.get('Transformer', {}):
+    return params
+  layers, out = {}, {}
+  for key, value in traverse_util.flatten_dict(params, sep='/').items():
+    match = re.fullmatch(r'(.*)encoderblock_(\d+)/(.*)', key)
+    if match:
+      stacked = f'{match[1]}encoderblock/{match[3]}'
+      layers.setdefault(stacked, {})[int(match[2])] = value
+    else:
+      out[key] = value
+  out.update({key: np.stack([blocks[i] for i in sorted(blocks)])
+              for key, blocks in layers.items()})
+  return traverse_util.unflatten_dict(out, sep='/')
+
+
 def _published_name(key: str) -> str:
   """The published (pre-Linen) name of a '/'-joined Linen parameter path."""
   return _ENCODER_BLOCK.sub(
@@ -123,10 +150,11 @@ def save(params: Mapping[str, Any], path) -> None:
 
   The file appears atomically (written beside `path`, then renamed). Empty
   dicts (parameter-less modules) are not stored; `inspect_params` restores
-  them.
+  them. Scanned blocks are written one per block.
   """
   path = os.fspath(path)
-  flat = traverse_util.flatten_dict(jax.device_get(dict(params)), sep='/')
+  flat = _unscanned(traverse_util.flatten_dict(
+      jax.device_get(dict(params)), sep='/'))
   flat = _groupnorm_shapes(
       {_published_name(k): np.asarray(v) for k, v in flat.items()},
       to_file=True)
@@ -347,7 +375,7 @@ def load_pretrained(*,
     raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
                      f'position tables {sorted(tables)}: pass the config of '
                      'the model of init_params.')
-  params = load(path)
+  params = scan_like(load(path), init_params)
   _fresh_head(params, init_params, model_config.get('representation_size'),
               path)
   _check_unresizable(traverse_util.flatten_dict(params, sep='/'),

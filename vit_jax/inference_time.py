@@ -24,7 +24,7 @@ def inference_time(config, workdir: str, num_classes: int = 1000,
   params = jax.jit(lambda x: model.init(jax.random.key(0), x[:1],
                                         train=False)['params'])(images)
   params = jax.device_put(params, sharding.tree_shardings(
-      params, mesh, config.sharding_rules))
+      params, mesh, config.sharding_rules, config.sharding_strategy))
   forward = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
   jax.block_until_ready(forward(params, images))  # compile
   start = time.perf_counter()

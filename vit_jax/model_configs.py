@@ -71,10 +71,14 @@ def _vit(name, hidden, mlp, heads, layers, patch, dropout, classifier):
           # locked preset (as is `posemb` below).
           'relative_max_distance': 8,
           'stochastic_depth': 0.0,
+          # Memory savers (README, "Pretraining at scale").
+          'remat_policy': 'none',
+          'scan': False,
       },
       'classifier': classifier,
       'representation_size': None,
       'posemb': 'learn',
+      'dtype': 'float32',  # of the computation; parameters stay float32
   })
 
 
@@ -97,6 +101,7 @@ def _mixer(name, hidden, blocks, tokens_mlp, channels_mlp, patch):
       'num_blocks': blocks,
       'tokens_mlp_dim': tokens_mlp,
       'channels_mlp_dim': channels_mlp,
+      'dtype': 'float32',
   })
 
 

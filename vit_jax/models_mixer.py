@@ -3,6 +3,9 @@
 Module names follow the original release, so its checkpoints load with no
 renaming. The token-mixing MLP's width is the number of patches: unlike
 ViT's position embedding it cannot be resized for another resolution.
+
+`dtype` is the computation dtype (e.g. bfloat16): parameters stay float32,
+LayerNorm statistics are float32 (flax's), and the head computes in float32.
 """
 
 from typing import Any, Optional
@@ -18,13 +21,16 @@ class MlpBlock(nn.Module):
 
   Attributes:
     mlp_dim: hidden width.
+    dtype: computation dtype (a dtype or its name); parameters stay float32.
   """
   mlp_dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
-    y = nn.gelu(nn.Dense(self.mlp_dim)(x))
-    return nn.Dense(x.shape[-1])(y)
+    dtype = jnp.dtype(self.dtype)
+    y = nn.gelu(nn.Dense(self.mlp_dim, dtype=dtype)(x))
+    return nn.Dense(x.shape[-1], dtype=dtype)(y)
 
 
 class MixerBlock(nn.Module):
@@ -33,18 +39,22 @@ class MixerBlock(nn.Module):
   Attributes:
     tokens_mlp_dim: hidden width of the token-mixing MLP.
     channels_mlp_dim: hidden width of the channel-mixing MLP.
+    dtype: computation dtype (a dtype or its name); parameters stay float32.
   """
   tokens_mlp_dim: int
   channels_mlp_dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
+    dtype = jnp.dtype(self.dtype)
     # The token MLP acts on each channel's column of patches.
-    y = jnp.swapaxes(nn.LayerNorm()(x), 1, 2)
-    y = MlpBlock(self.tokens_mlp_dim, name='token_mixing')(y)
+    y = jnp.swapaxes(nn.LayerNorm(dtype=dtype)(x), 1, 2)
+    y = MlpBlock(self.tokens_mlp_dim, dtype=dtype, name='token_mixing')(y)
     x = x + jnp.swapaxes(y, 1, 2)
-    y = nn.LayerNorm()(x)
-    return x + MlpBlock(self.channels_mlp_dim, name='channel_mixing')(y)
+    y = nn.LayerNorm(dtype=dtype)(x)
+    return x + MlpBlock(self.channels_mlp_dim, dtype=dtype,
+                        name='channel_mixing')(y)
 
 
 class MlpMixer(nn.Module):
@@ -58,6 +68,9 @@ class MlpMixer(nn.Module):
     tokens_mlp_dim: hidden width of the token-mixing MLPs.
     channels_mlp_dim: hidden width of the channel-mixing MLPs.
     model_name: preset name, for reference only.
+    dtype: computation dtype (a dtype or its name, e.g. 'bfloat16'), except
+      the head's: logits are float32 (with no head, the output is in
+      `dtype`). Parameters stay float32.
   """
   patches: Any
   num_classes: Optional[int]
@@ -66,21 +79,25 @@ class MlpMixer(nn.Module):
   tokens_mlp_dim: int
   channels_mlp_dim: int
   model_name: Optional[str] = None
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, inputs, *, train):
     del train  # No dropout: same signature as the ViT.
+    dtype = jnp.dtype(self.dtype)
     patch = models_vit.patch_size(self.patches)
     models_vit.check_image_size(inputs.shape, patch)
     x = nn.Conv(self.hidden_dim, patch, strides=patch, padding='VALID',
-                name='stem')(inputs)
+                dtype=dtype, name='stem')(inputs)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     for _ in range(self.num_blocks):
-      x = MixerBlock(self.tokens_mlp_dim, self.channels_mlp_dim)(x)
-    x = nn.LayerNorm(name='pre_head_layer_norm')(x)
+      x = MixerBlock(self.tokens_mlp_dim, self.channels_mlp_dim,
+                     dtype=dtype)(x)
+    x = nn.LayerNorm(dtype=dtype, name='pre_head_layer_norm')(x)
     x = jnp.mean(x, axis=1)
     if self.num_classes:
+      # In float32 whatever `dtype`: float32 logits for the loss.
       x = nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
-                   name='head')(x)
+                   dtype=jnp.float32, name='head')(x)
     return x

@@ -4,10 +4,13 @@ As in the original release (and BiT), convolutions are weight-standardized
 and followed by GroupNorm instead of BatchNorm, so nothing depends on the
 batch. Module names match the original, so the published hybrid checkpoints
 load with no renaming.
+
+`dtype` is the computation dtype (e.g. bfloat16); parameters stay float32.
+Kernels are standardized, and GroupNorm statistics computed, in float32.
 """
 
 import functools
-from typing import Tuple
+from typing import Any, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -30,12 +33,17 @@ class StdConv(nn.Conv):
   """nn.Conv whose kernel is weight-standardized at every use.
 
   As the original release's: the stored `kernel` is the raw one, so the
-  parameter tree, attributes and arguments are those of an nn.Conv.
+  parameter tree, attributes and arguments are those of an nn.Conv. The
+  kernel is standardized in (at least) float32, then cast to the parameter
+  dtype; nn.Conv then casts it and the input to `dtype` for the conv.
   """
 
   def param(self, name, *args, **kwargs):
     param = super().param(name, *args, **kwargs)
-    return standardize(param) if name == 'kernel' else param
+    if name != 'kernel':
+      return param
+    wide = jnp.promote_types(param.dtype, jnp.float32)
+    return standardize(param.astype(wide)).astype(param.dtype)
 
 
 class ResidualUnit(nn.Module):
@@ -47,27 +55,32 @@ class ResidualUnit(nn.Module):
   Attributes:
     features: bottleneck width; the unit outputs 4 * features channels.
     strides: strides of the 3x3 conv and of the projection.
+    dtype: computation dtype of the convs and GroupNorms (a dtype or its
+      name, e.g. 'bfloat16'); parameters stay float32.
   """
   features: int
   strides: Tuple[int, int] = (1, 1)
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
+    dtype = jnp.dtype(self.dtype)
     # No biases: a GroupNorm follows every convolution.
-    conv = functools.partial(StdConv, use_bias=False)
+    conv = functools.partial(StdConv, use_bias=False, dtype=dtype)
+    norm = functools.partial(nn.GroupNorm, dtype=dtype)
     out = 4 * self.features
     strides = tuple(self.strides)
     residual = x
     if x.shape[-1] != out or strides != (1, 1):
       residual = conv(out, (1, 1), strides, name='conv_proj')(x)
-      residual = nn.GroupNorm(name='gn_proj')(residual)
+      residual = norm(name='gn_proj')(residual)
 
     y = conv(self.features, (1, 1), name='conv1')(x)
-    y = nn.relu(nn.GroupNorm(name='gn1')(y))
+    y = nn.relu(norm(name='gn1')(y))
     y = conv(self.features, (3, 3), strides, name='conv2')(y)
-    y = nn.relu(nn.GroupNorm(name='gn2')(y))
+    y = nn.relu(norm(name='gn2')(y))
     y = conv(out, (1, 1), name='conv3')(y)
-    y = nn.GroupNorm(scale_init=nn.initializers.zeros, name='gn3')(y)
+    y = norm(scale_init=nn.initializers.zeros, name='gn3')(y)
     return nn.relu(residual + y)
 
 
@@ -78,14 +91,18 @@ class ResNetStage(nn.Module):
     block_size: number of units.
     features: bottleneck width of every unit (output: 4 * features channels).
     first_stride: strides of the first unit; the others use (1, 1).
+    dtype: computation dtype of every unit (a dtype or its name); parameters
+      stay float32.
   """
   block_size: int
   features: int
   first_stride: Tuple[int, int]
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
     for i in range(self.block_size):
       strides = self.first_stride if i == 0 else (1, 1)
-      x = ResidualUnit(self.features, strides=strides, name=f'unit{i + 1}')(x)
+      x = ResidualUnit(self.features, strides=strides,
+                       dtype=jnp.dtype(self.dtype), name=f'unit{i + 1}')(x)
     return x

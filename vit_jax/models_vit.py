@@ -32,12 +32,21 @@ import functools
 from typing import Any, Callable, Optional, Tuple
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models_resnet
 
 POSEMBS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d')
+# What `transformer.remat_policy` saves for the backward pass of each block;
+# the rest is recomputed. 'none' keeps every activation (no remat).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 class IdentityLayer(nn.Module):
@@ -62,7 +71,8 @@ class AddPositionEmbs(nn.Module):
       raise ValueError(f'Expected (batch, tokens, width), got {inputs.shape}.')
     return inputs + _posemb_table(
         self, 'pos_embedding', (1, *inputs.shape[1:]),
-        'with `checkpoint.interpolate_posembed` (`load_pretrained` does)')
+        'with `checkpoint.interpolate_posembed` (`load_pretrained` does)'
+    ).astype(inputs.dtype)
 
 
 class AddPositionEmbs2D(nn.Module):
@@ -89,7 +99,8 @@ class AddPositionEmbs2D(nn.Module):
         jnp.broadcast_to(row[:, :, None], (1, h, w, d // 2)),
         jnp.broadcast_to(col[:, None, :], (1, h, w, d // 2)),
     ], axis=-1).reshape(1, h * w, d)
-    return inputs + _pad_prefix(pe, inputs.shape[1] - h * w)
+    return inputs + _pad_prefix(pe, inputs.shape[1] - h * w).astype(
+        inputs.dtype)
 
 
 def _posemb_table(module, name, shape, fix):
@@ -199,18 +210,42 @@ class RelativePositionBias(nn.Module):
 
 def _biased_attention(query, key, value, mask=None, dropout_rng=None,
                       dropout_rate=0., broadcast_dropout=True,
-                      deterministic=False, dtype=None, precision=None, *,
-                      bias_fn):
+                      deterministic=False, dtype=None, precision=None,
+                      module=None, *, bias_fn):
   """nn.dot_product_attention plus a bias computed from the scaled query.
 
   The arguments are spelled out because MultiHeadDotProductAttention passes
   an `attention_fn` only those its signature names.
   """
   bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
-  return nn.dot_product_attention(
+  return attention(
       query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
       dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
-      deterministic=deterministic, dtype=dtype, precision=precision)
+      deterministic=deterministic, dtype=dtype, precision=precision,
+      module=module)
+
+
+def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
+              dropout_rng=None, dropout_rate=0., deterministic=False,
+              dtype=None, precision=None, module=None):
+  """Flax's `attention_fn` on `jax.nn.dot_product_attention`.
+
+  XLA fuses it, and on NVIDIA GPUs in half precision cuDNN's flash kernel
+  runs it; logits and softmax are float32 either way. Flax's own function
+  serves what the fused one lacks: dropout on the attention weights, and
+  recording them (flax passes `module` when the weights are sown).
+  """
+  if module is not None or (dropout_rate > 0. and not deterministic):
+    return nn.dot_product_attention(
+        query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
+        dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
+        deterministic=deterministic, dtype=dtype, precision=precision,
+        module=module, force_fp32_for_softmax=True)
+  flash = (jax.default_backend() == 'gpu' and bias is None and mask is None
+           and query.dtype in (jnp.bfloat16, jnp.float16))
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=bias, mask=mask,
+      implementation='cudnn' if flash else None)
 
 
 class DropPath(nn.Module):
@@ -246,22 +281,24 @@ class MlpBlock(nn.Module):
     mlp_dim: hidden width.
     out_dim: output width (default: the input width).
     dropout_rate: dropout after each Dense.
+    dtype: of the computation (parameters stay float32).
   """
   mlp_dim: int
   out_dim: Optional[int] = None
   dropout_rate: float = 0.1
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, inputs, *, deterministic):
     out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim
     x = nn.Dense(self.mlp_dim, kernel_init=self.kernel_init,
-                 bias_init=self.bias_init)(inputs)
+                 bias_init=self.bias_init, dtype=self.dtype)(inputs)
     x = nn.gelu(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = nn.Dense(out_dim, kernel_init=self.kernel_init,
-                 bias_init=self.bias_init)(x)
+                 bias_init=self.bias_init, dtype=self.dtype)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -277,6 +314,8 @@ class Encoder1DBlock(nn.Module):
       (`RelativePositionBias`) with this clip distance to the attention
       logits; then the call needs `grid`.
     drop_path_rate: stochastic depth rate of both residual branches.
+    dtype: of the computation (parameters stay float32).
+    scanned: return (output, None), as the body of `nn.scan`.
   """
   mlp_dim: int
   num_heads: int
@@ -284,10 +323,17 @@ class Encoder1DBlock(nn.Module):
   attention_dropout_rate: float = 0.1
   relative_max_distance: Optional[int] = None
   drop_path_rate: float = 0.
+  dtype: Any = jnp.float32
+  scanned: bool = False
 
   @nn.compact
-  def __call__(self, inputs, *, deterministic, grid=None):
-    attention_fn = nn.dot_product_attention
+  def __call__(self, inputs, deterministic, grid=None):
+    """`deterministic` and `grid` are positional for `nn.remat`/`nn.scan`.
+
+    With 'intermediates' mutable, the attention weights are recorded as
+    `MultiHeadDotProductAttention_0/attention_weights`.
+    """
+    attention_fn = attention
     if self.relative_max_distance is not None:
       if grid is None:
         raise ValueError('A relative position bias needs the patch grid.')
@@ -297,23 +343,25 @@ class Encoder1DBlock(nn.Module):
           _biased_attention,
           bias_fn=functools.partial(relative_bias, grid=grid))
 
-    x = nn.LayerNorm()(inputs)
+    x = nn.LayerNorm(dtype=self.dtype)(inputs)
     x = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads,
         kernel_init=nn.initializers.xavier_uniform(),
         broadcast_dropout=False,
         deterministic=deterministic,
         dropout_rate=self.attention_dropout_rate,
-        attention_fn=attention_fn)(x, x)
+        attention_fn=attention_fn,
+        dtype=self.dtype)(
+            x, x, sow_weights=self.is_mutable_collection('intermediates'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = DropPath(self.drop_path_rate)(x, deterministic=deterministic)
     x = x + inputs
 
-    y = nn.LayerNorm()(x)
-    y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate)(
-        y, deterministic=deterministic)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+                 dtype=self.dtype)(y, deterministic=deterministic)
     y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
-    return x + y
+    return (x + y, None) if self.scanned else x + y
 
 
 class Encoder(nn.Module):
@@ -331,6 +379,12 @@ class Encoder(nn.Module):
     relative_max_distance: clip distance of posemb='relative'.
     stochastic_depth: drop path rate of the last block; block i of L uses
       stochastic_depth * i / (L - 1).
+    remat_policy: what each block keeps for the backward pass, a key of
+      REMAT_POLICIES; the rest is recomputed.
+    scan: run the blocks under `nn.scan`, their parameters stacked under
+      `encoderblock` (compile time independent of depth); `checkpoint`
+      reads and writes them in the published per-block names.
+    dtype: of the computation (parameters stay float32).
   """
   num_layers: int
   mlp_dim: int
@@ -341,6 +395,9 @@ class Encoder(nn.Module):
   posemb: str = 'learn'
   relative_max_distance: int = 8
   stochastic_depth: float = 0.
+  remat_policy: str = 'none'
+  scan: bool = False
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x, *, train, grid=None):
@@ -366,17 +423,39 @@ class Encoder(nn.Module):
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
 
     relative = self.relative_max_distance if posemb == 'relative' else None
+    x = self._blocks(x, not train, grid, relative)
+    return nn.LayerNorm(name='encoder_norm', dtype=self.dtype)(x)
+
+  def _blocks(self, x, deterministic, grid, relative_max_distance):
+    """The encoder blocks: unrolled or scanned, with remat if asked."""
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'Unknown remat_policy {self.remat_policy!r}; expected '
+                       f'one of {tuple(REMAT_POLICIES)}.')
+    block = Encoder1DBlock
+    if self.remat_policy != 'none':
+      block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
+                       static_argnums=(2, 3), prevent_cse=not self.scan)
+    settings = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+                    dropout_rate=self.dropout_rate,
+                    attention_dropout_rate=self.attention_dropout_rate,
+                    relative_max_distance=relative_max_distance,
+                    dtype=self.dtype)
+    if self.scan:
+      if self.stochastic_depth:
+        raise ValueError('transformer.scan runs all blocks alike: it cannot '
+                         'take a per-block stochastic_depth.')
+      x, _ = nn.scan(
+          block, variable_axes={'params': 0, 'intermediates': 0},
+          split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast, nn.broadcast), length=self.num_layers)(
+              scanned=True, name='encoderblock', **settings)(
+                  x, deterministic, grid)
+      return x
     rates = drop_path_rates(self.stochastic_depth, self.num_layers)
     for i in range(self.num_layers):
-      x = Encoder1DBlock(
-          mlp_dim=self.mlp_dim,
-          num_heads=self.num_heads,
-          dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate,
-          relative_max_distance=relative,
-          drop_path_rate=rates[i],
-          name=f'encoderblock_{i}')(x, deterministic=not train, grid=grid)
-    return nn.LayerNorm(name='encoder_norm')(x)
+      x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
+                **settings)(x, deterministic, grid)
+    return x
 
 
 class MAPHead(nn.Module):
@@ -385,21 +464,23 @@ class MAPHead(nn.Module):
   Attributes:
     num_heads: attention heads.
     mlp_dim: hidden width of the MLP after the attention (default 4 D).
+    dtype: of the computation (parameters stay float32).
   """
   num_heads: int
   mlp_dim: Optional[int] = None
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):
     n, _, d = x.shape
     probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d))
-    probe = jnp.tile(probe, (n, 1, 1))
+    probe = jnp.tile(probe, (n, 1, 1)).astype(x.dtype)
     x = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads,
-        kernel_init=nn.initializers.xavier_uniform())(probe, x)
-    y = nn.LayerNorm()(x)
-    x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.)(
-        y, deterministic=True)
+        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
+        attention_fn=attention, dtype=self.dtype)(probe, x)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.,
+                     dtype=self.dtype)(y, deterministic=True)
     return x[:, 0]
 
 
@@ -425,6 +506,8 @@ class VisionTransformer(nn.Module):
     posemb: position embedding scheme, one of POSEMBS (see the module
       docstring); passed to the Encoder.
     head_bias_init: initial bias of the zero-initialized head.
+    dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
+      stay float32; LayerNorm statistics, softmax and logits are float32.
     model_name: preset name, for reference only.
   """
   num_classes: Optional[int]
@@ -436,6 +519,7 @@ class VisionTransformer(nn.Module):
   classifier: str = 'token'
   posemb: str = 'learn'
   head_bias_init: float = 0.
+  dtype: Any = jnp.float32
   model_name: Optional[str] = None
 
   @nn.compact
@@ -454,15 +538,16 @@ class VisionTransformer(nn.Module):
     else:
       check_image_size(x.shape, (ph, pw))
 
+    dtype = jnp.dtype(self.dtype)
     x = nn.Conv(self.hidden_size, kernel_size=(ph, pw), strides=(ph, pw),
-                padding='VALID', name='embedding')(x)
+                padding='VALID', name='embedding', dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     if self.classifier in ('token', 'token_unpooled'):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c))
-      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
-    x = Encoder(name='Transformer', posemb=self.posemb, **self.transformer)(
-        x, train=train, grid=(h, w))
+      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(dtype), x], axis=1)
+    x = Encoder(name='Transformer', posemb=self.posemb, dtype=dtype,
+                **self.transformer)(x, train=train, grid=(h, w))
 
     if self.classifier == 'token':
       x = x[:, 0]
@@ -470,15 +555,16 @@ class VisionTransformer(nn.Module):
       x = jnp.mean(x, axis=1)
     elif self.classifier == 'map':
       x = MAPHead(num_heads=self.transformer['num_heads'],
-                  mlp_dim=self.transformer['mlp_dim'])(x)
+                  mlp_dim=self.transformer['mlp_dim'], dtype=dtype)(x)
 
     if self.representation_size is not None:
-      x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits')(x))
+      x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',
+                           dtype=dtype)(x))
     else:
       x = IdentityLayer(name='pre_logits')(x)
 
     if self.num_classes:
-      x = nn.Dense(self.num_classes, name='head',
+      x = nn.Dense(self.num_classes, name='head', dtype=jnp.float32,
                    kernel_init=nn.initializers.zeros,
                    bias_init=nn.initializers.constant(self.head_bias_init))(x)
     return x
@@ -489,14 +575,16 @@ class VisionTransformer(nn.Module):
     Downsamples by `resnet_stride(self.resnet)`; `token_grid` relies on it.
     """
     width = int(64 * self.resnet['width_factor'])
+    dtype = jnp.dtype(self.dtype)
     x = models_resnet.StdConv(width, (7, 7), (2, 2), use_bias=False,
-                              name='conv_root')(x)
-    x = nn.relu(nn.GroupNorm(name='gn_root')(x))
+                              name='conv_root', dtype=dtype)(x)
+    x = nn.relu(nn.GroupNorm(name='gn_root', dtype=dtype)(x))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
     for i, block_size in enumerate(self.resnet['num_layers']):
       x = models_resnet.ResNetStage(
           block_size=block_size, features=width * 2**i,
-          first_stride=(2, 2) if i else (1, 1), name=f'block{i + 1}')(x)
+          first_stride=(2, 2) if i else (1, 1), name=f'block{i + 1}',
+          dtype=dtype)(x)
     return x
 
 

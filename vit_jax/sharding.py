@@ -3,7 +3,9 @@
 A rule is `(regex, spec)`: the first regex that `re.search`es a leaf's
 '/'-joined path (e.g. 'params/Transformer/encoderblock_0/MlpBlock_0/Dense_0/
 kernel', or the same path inside the optimizer state) gives its
-PartitionSpec; leaves no rule matches are replicated.
+PartitionSpec. Leaves no rule matches follow the strategy: 'replicate' copies
+them to every device; 'fsdp' splits each large leaf over the `data` axis
+(`fsdp_spec`), as big_vision's `fsdp` strategy.
 """
 
 import math
@@ -13,6 +15,12 @@ from typing import Sequence
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+STRATEGIES = ('replicate', 'fsdp')
+# Leaves with fewer elements stay replicated under 'fsdp': biases and norm
+# scales weigh little, and gathering them at every step would cost more
+# latency than the memory they take.
+FSDP_MIN_SIZE = 2**12
 
 
 def make_mesh(axes: Sequence, devices=None) -> Mesh:
@@ -35,8 +43,30 @@ def make_mesh(axes: Sequence, devices=None) -> Mesh:
                        devices=devices)
 
 
-def tree_shardings(tree, mesh: Mesh, rules=()):
-  """NamedShardings for every leaf of `tree` (arrays or ShapeDtypeStructs)."""
+def fsdp_spec(shape, axis_size: int, min_size: int = FSDP_MIN_SIZE,
+              axis: str = 'data') -> P:
+  """Splits the largest dim divisible by `axis_size` over `axis`.
+
+  Leaves under `min_size` elements, or with no divisible dim, are replicated.
+  Among dims of equal size the first is split. Optimizer-state leaves have
+  their parameter's shape, hence its spec.
+  """
+  if axis_size <= 1 or math.prod(shape) < min_size:
+    return P()
+  for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+    if shape[dim] % axis_size == 0:
+      return P(*(None,) * dim, axis)
+  return P()
+
+
+def tree_shardings(tree, mesh: Mesh, rules=(), strategy: str = 'replicate'):
+  """NamedShardings for every leaf of `tree` (arrays or ShapeDtypeStructs).
+
+  A matching rule wins; other leaves follow `strategy` (see module doc).
+  """
+  if strategy not in STRATEGIES:
+    raise ValueError(f'Unknown sharding strategy {strategy!r}; expected one '
+                     f'of {STRATEGIES}.')
   compiled = [(re.compile(regex), P(*spec)) for regex, spec in rules]
 
   def sharding(key_path, leaf):
@@ -44,6 +74,9 @@ def tree_shardings(tree, mesh: Mesh, rules=()):
     for regex, spec in compiled:
       if regex.search(path) and len(spec) <= np.ndim(leaf):
         return NamedSharding(mesh, spec)
+    if strategy == 'fsdp':
+      return NamedSharding(mesh, fsdp_spec(np.shape(leaf),
+                                           mesh.shape['data']))
     return NamedSharding(mesh, P())
 
   return jax.tree_util.tree_map_with_path(sharding, tree)

@@ -67,15 +67,22 @@ def make_schedule(config) -> optax.Schedule:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """Clip by global norm -> SGD momentum or AdamW; accumulate micro-batches."""
+  """Clip by global norm -> SGD momentum or AdamW; accumulate micro-batches.
+
+  The momentum (AdamW: the first moment) is kept in `config.momentum_dtype`;
+  bfloat16, as the original release, halves its memory.
+  """
   schedule = make_schedule(config)
+  momentum_dtype = jnp.dtype(config.momentum_dtype)
   if config.optimizer == 'sgd':
-    opt = optax.sgd(schedule, momentum=0.9)
+    opt = optax.sgd(schedule, momentum=0.9, accumulator_dtype=momentum_dtype)
   else:
-    opt = optax.adamw(schedule, b1=0.9, b2=0.999,
+    opt = optax.adamw(schedule, b1=0.9, b2=0.999, mu_dtype=momentum_dtype,
                       weight_decay=config.weight_decay)
   if config.grad_norm_clip:
     opt = optax.chain(optax.clip_by_global_norm(config.grad_norm_clip), opt)
+  if config.accum_steps == 1:
+    return opt  # MultiSteps would keep a float32 copy of the gradients
   return optax.MultiSteps(opt, every_k_schedule=config.accum_steps)
 
 
@@ -116,7 +123,9 @@ def validate_config(config, num_devices_data: int):
   choices = {'optimizer': ('sgd', 'adamw'),
              'loss': ('softmax_xent', 'sigmoid_xent'),
              'decay_type': ('cosine', 'linear'),
-             'trainer': ('train', 'inference_time')}
+             'trainer': ('train', 'inference_time'),
+             'sharding_strategy': sharding.STRATEGIES,
+             'momentum_dtype': ('float32', 'bfloat16')}
   for key, allowed in choices.items():
     if config[key] not in allowed:
       raise ValueError(f'config.{key}={config[key]!r}; expected one of '
@@ -187,7 +196,8 @@ def create_train_state(config, model, mesh, manager):
                              tx=make_optimizer(config))
 
   abstract = jax.eval_shape(init)  # raises on a bad image size
-  shardings = sharding.tree_shardings(abstract, mesh, config.sharding_rules)
+  shardings = sharding.tree_shardings(abstract, mesh, config.sharding_rules,
+                                      config.sharding_strategy)
   if manager.latest_step() is not None:
     return (_restore(manager, abstract, shardings), shardings,
             manager.latest_step())
