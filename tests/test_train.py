@@ -411,3 +411,27 @@ def test_bad_strategy_or_momentum_dtype(tiny_config, tmp_path, key, value,
   tiny_config[key] = value
   with pytest.raises(ValueError, match=match):
     train.train_and_evaluate(tiny_config, str(tmp_path))
+
+
+def test_all_scale_options_together(tiny_config, tmp_path):
+  """bf16, remat, scan, FSDP and bf16 momentum in one run; the export has
+  the published per-block names."""
+  tiny_config.model.hidden_size = 64
+  tiny_config.model.transformer.mlp_dim = 128
+  tiny_config.model.transformer.num_layers = 2
+  tiny_config.model.dtype = 'bfloat16'
+  tiny_config.model.transformer.remat_policy = 'full'
+  tiny_config.model.transformer.scan = True
+  tiny_config.sharding_strategy = 'fsdp'
+  tiny_config.momentum_dtype = 'bfloat16'
+  tiny_config.total_steps = 3
+  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  kernel = params['Transformer']['encoderblock']['MlpBlock_0']['Dense_0'][
+      'kernel']
+  assert kernel.shape == (2, 64, 128) and kernel.dtype == np.float32
+  assert kernel.addressable_shards[0].data.size * 8 == kernel.size
+  exported = np.load(tmp_path / 'testing.npz')
+  np.testing.assert_array_equal(
+      exported['Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel'],
+      np.asarray(kernel)[1])
+  assert not any('encoderblock/' in key for key in exported.files)
