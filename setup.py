@@ -21,6 +21,10 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['vit_jax', 'vit_jax.*']),
     python_requires='>=3.10',
     install_requires=requirements,
-    extras_require={'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0']},
+    extras_require={
+        'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0'],
+        # benchmarks/speed.py's side-by-side run (torch and timm on the CPU).
+        'bench': ['torch==2.14.1', 'torchvision==0.29.1', 'timm==1.0.31'],
+    },
     license='Apache 2.0',
 )

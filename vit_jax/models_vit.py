@@ -241,11 +241,33 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
         deterministic=deterministic, dtype=dtype, precision=precision,
         module=module, force_fp32_for_softmax=True)
+  if jax.default_backend() == 'cpu':
+    return _heads_first_attention(query, key, value, bias, mask)
   flash = (jax.default_backend() == 'gpu' and bias is None and mask is None
            and query.dtype in (jnp.bfloat16, jnp.float16))
   return jax.nn.dot_product_attention(
       query, key, value, bias=bias, mask=mask,
       implementation='cudnn' if flash else None)
+
+
+def _heads_first_attention(query, key, value, bias=None, mask=None):
+  """The same attention with heads moved before tokens first, for the CPU.
+
+  XLA's CPU backend fuses the (batch, tokens, heads, depth) transposes into
+  the batched matmuls of `jax.nn.dot_product_attention` and runs them at half
+  speed (benchmarks/speed.py profile); transposed first, the attention of a
+  ViT-Ti/16 training step runs 1.4x faster. Logits and softmax are float32.
+  """
+  query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
+  logits = jnp.einsum('bhqd,bhkd->bhqk', query, key,
+                      preferred_element_type=jnp.float32)
+  logits = logits / np.sqrt(query.shape[-1]).astype(np.float32)
+  if bias is not None:
+    logits = logits + bias
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+  return jnp.swapaxes(jnp.einsum('bhqk,bhkd->bhqd', weights, value), 1, 2)
 
 
 class DropPath(nn.Module):

@@ -1,0 +1,267 @@
+r"""Training and inference speed of a ViT preset, side by side with timm's.
+
+For each preset: img/s of inference and of a training step (forward,
+backward, SGD with momentum, state donated), FLOPs per image from XLA's
+`cost_analysis` against the analytic count, MFU against a matmul peak
+measured in the same run, compile time and peak memory. With torch and timm
+installed (`pip install -e '.[bench]'`), timm's same model runs under the
+same settings, alternating with vit_jax round by round, and the table gives
+the ratios.
+
+  python benchmarks/speed.py --models=ViT-Ti_16,ViT-S_16,ViT-B_16 \
+      --size=224 --batch=32
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+try:  # before TensorFlow (vit_jax.train imports it): their LLVMs clash
+  import timm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+except ImportError:
+  timm = torch = None
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from vit_jax import models
+from vit_jax import train
+
+flags.DEFINE_list('models', ['ViT-Ti_16', 'ViT-S_16', 'ViT-B_16'], 'Presets.')
+flags.DEFINE_integer('size', 224, 'Image side.')
+flags.DEFINE_integer('batch', 32, 'Images per step.')
+flags.DEFINE_string('dtype', 'float32', 'Computation dtype of vit_jax.')
+flags.DEFINE_string('remat_policy', 'none', 'vit_jax transformer.remat_policy.')
+flags.DEFINE_bool('scan', False, 'vit_jax transformer.scan.')
+flags.DEFINE_integer('steps', 5, 'Timed steps per round.')
+flags.DEFINE_integer('rounds', 3, 'Alternating rounds; the best one counts.')
+flags.DEFINE_enum('timm', 'auto', ['auto', 'yes', 'no'],
+                  'Also run timm (auto: if it is installed).')
+flags.DEFINE_bool('memory', True, 'Measure peak memory (child processes).')
+flags.DEFINE_string('child', None, 'Internal: `jax:MODEL` or `timm:MODEL`, '
+                    'run training steps and print the peak RSS.')
+FLAGS = flags.FLAGS
+
+NUM_CLASSES = 1000
+TIMM_NAMES = {'ViT-Ti_16': 'vit_tiny_patch16_224',
+              'ViT-S_16': 'vit_small_patch16_224',
+              'ViT-B_16': 'vit_base_patch16_224',
+              'ViT-B_32': 'vit_base_patch32_224',
+              'ViT-L_16': 'vit_large_patch16_224'}
+
+
+def analytic_flops(name: str, size: int) -> float:
+  """Forward FLOPs per image of a plain ViT: matmuls only (2 per MAC)."""
+  config = models.MODEL_CONFIGS[name]
+  d, t = config.hidden_size, config.transformer
+  patch = config.patches.size[0]
+  patches = (size // patch)**2
+  n = patches + 1  # the class token
+  per_layer = 4 * n * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim
+  return 2. * (patches * patch * patch * 3 * d + t.num_layers * per_layer +
+               d * NUM_CLASSES)
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
+  """Best FLOP/s of a float32 n x n matmul: the machine's practical peak.
+
+  The best of many repeats, since other work on the machine only slows it.
+  """
+  a = jax.random.normal(jax.random.key(0), (n, n))
+  matmul = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(matmul(a))
+  best = float('inf')
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(matmul(a))
+    best = min(best, time.perf_counter() - start)
+  return 2 * n**3 / best
+
+
+class JaxRunner:
+  """vit_jax's model: a jitted SGD step (state donated) and forward pass."""
+
+  def __init__(self, name):
+    transformer = dict(models.MODEL_CONFIGS[name].transformer,
+                       remat_policy=FLAGS.remat_policy, scan=FLAGS.scan)
+    self.model = models.get_model(name, num_classes=NUM_CLASSES,
+                                  dtype=FLAGS.dtype, transformer=transformer)
+    shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
+    rng = np.random.default_rng(0)
+    self.images = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
+    self.labels = jax.nn.one_hot(rng.integers(0, NUM_CLASSES, FLAGS.batch),
+                                 NUM_CLASSES)
+    params = jax.jit(lambda x: self.model.init(
+        jax.random.key(0), x[:1], train=False)['params'])(self.images)
+    self.state = train.TrainState.create(
+        apply_fn=self.model.apply, params=params,
+        tx=optax.sgd(0.01, momentum=0.9))
+    step = jax.jit(lambda s, b: train.train_step(
+        s, b, rng=jax.random.key(0), loss='softmax_xent'), donate_argnums=0)
+    forward = jax.jit(lambda p, x: self.model.apply({'params': p}, x,
+                                                    train=False))
+    batch = {'image': self.images, 'label': self.labels}
+    start = time.perf_counter()
+    self.step = step.lower(self.state, batch).compile()
+    self.forward = forward.lower(params, self.images).compile()
+    self.compile_s = time.perf_counter() - start
+    self.batch = batch
+    # XLA counts a scanned loop's body once: no whole-model figure then.
+    self.flops = {} if FLAGS.scan else {
+        'train': self.step.cost_analysis()['flops'] / FLAGS.batch,
+        'infer': self.forward.cost_analysis()['flops'] / FLAGS.batch}
+
+  def train(self, steps):
+    for _ in range(steps):
+      self.state, metrics = self.step(self.state, self.batch)
+    jax.block_until_ready(metrics)
+
+  def infer(self, steps):
+    for _ in range(steps):
+      out = self.forward(self.state.params, self.images)
+    jax.block_until_ready(out)
+
+
+class TimmRunner:
+  """timm's same model, SGD with momentum, on the CPU with all cores."""
+
+  def __init__(self, name):
+    torch.set_num_threads(os.cpu_count())
+    self.model = timm.create_model(TIMM_NAMES[name], pretrained=False,
+                                   num_classes=NUM_CLASSES)
+    rng = np.random.default_rng(0)
+    shape = (FLAGS.batch, 3, FLAGS.size, FLAGS.size)
+    self.images = torch.from_numpy(rng.uniform(-1, 1, shape).astype(
+        np.float32))
+    self.labels = torch.from_numpy(rng.integers(0, NUM_CLASSES, FLAGS.batch))
+    self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01,
+                                     momentum=0.9)
+    self.compile_s = 0.
+
+  def train(self, steps):
+    self.model.train()
+    for _ in range(steps):
+      self.optimizer.zero_grad(set_to_none=True)
+      loss = torch.nn.functional.cross_entropy(
+          self.model(self.images), self.labels)
+      loss.backward()
+      self.optimizer.step()
+
+  def infer(self, steps):
+    self.model.eval()
+    with torch.inference_mode():
+      for _ in range(steps):
+        self.model(self.images)
+
+
+def _timm_available():
+  if FLAGS.timm == 'yes' and timm is None:
+    raise ImportError("--timm=yes needs torch and timm: pip install -e "
+                      "'.[bench]'")
+  return FLAGS.timm != 'no' and timm is not None
+
+
+def _img_s(runner, what):
+  getattr(runner, what)(1)  # warm up
+  start = time.perf_counter()
+  getattr(runner, what)(FLAGS.steps)
+  return FLAGS.steps * FLAGS.batch / (time.perf_counter() - start)
+
+
+def _rss_gb(field):
+  """'VmRSS' (now) or 'VmHWM' (peak) of this process, from /proc (Linux)."""
+  with open('/proc/self/status') as f:
+    for line in f:
+      if line.startswith(field + ':'):
+        return int(line.split()[1]) * 1024 / 1e9
+  raise OSError(f'No {field} in /proc/self/status.')
+
+
+def peak_memory_gb(framework, name):
+  """Peak memory of training `name`, in a child process of its own."""
+  result = subprocess.run(
+      [sys.executable, __file__, f'--child={framework}:{name}',
+       f'--size={FLAGS.size}', f'--batch={FLAGS.batch}',
+       f'--dtype={FLAGS.dtype}', f'--remat_policy={FLAGS.remat_policy}',
+       f'--scan={FLAGS.scan}', '--steps=2'],
+      capture_output=True, text=True, check=True)
+  return json.loads(result.stdout.strip().splitlines()[-1])['peak_gb']
+
+
+def _child(spec):
+  """Peak RSS while training, above the RSS after the imports.
+
+  Both frameworks are imported in both children, so the difference is what
+  the model, its optimizer state and its steps take. The peak is measured
+  after a first step, so that XLA's compilation does not count.
+  """
+  framework, name = spec.split(':')
+  imports = _rss_gb('VmRSS')
+  runner = (JaxRunner if framework == 'jax' else TimmRunner)(name)
+  runner.train(1)
+  with open('/proc/self/clear_refs', 'w') as f:
+    f.write('5')  # resets VmHWM to the current RSS
+  runner.train(FLAGS.steps)
+  print(json.dumps({'peak_gb': _rss_gb('VmHWM') - imports}))
+
+
+def _measure(name, with_timm):
+  """Best img/s over alternating rounds, per framework and task."""
+  runners = {'vit_jax': JaxRunner(name)}
+  if with_timm:
+    runners['timm'] = TimmRunner(name)
+  best = {(f, w): 0. for f in runners for w in ('train', 'infer')}
+  for _ in range(FLAGS.rounds):
+    for framework, runner in runners.items():
+      for what in ('train', 'infer'):
+        best[framework, what] = max(best[framework, what],
+                                    _img_s(runner, what))
+  return runners['vit_jax'], best
+
+
+def main(argv):
+  del argv
+  if FLAGS.child:
+    return _child(FLAGS.child)
+  with_timm = _timm_available()
+  peak = max(matmul_peak(), matmul_peak(3072))
+  print(f'{jax.devices()[0].device_kind}, {os.cpu_count()} cores; float32 '
+        f'matmul peak {peak / 1e9:.1f} GFLOP/s; {FLAGS.size} px, batch '
+        f'{FLAGS.batch}, vit_jax in {FLAGS.dtype}, remat '
+        f'{FLAGS.remat_policy}, scan {FLAGS.scan}.')
+  print('| model | task | vit_jax img/s | timm img/s | ratio | GFLOP/img '
+        '(XLA / analytic) | MFU vit_jax | MFU timm | peak GB vit_jax | '
+        'peak GB timm | compile s |')
+  print('|---' * 11 + '|')
+  for name in FLAGS.models:
+    jax_runner, best = _measure(name, with_timm)
+    forward = analytic_flops(name, FLAGS.size)
+    memory = {f: peak_memory_gb(f, name) if FLAGS.memory else float('nan')
+              for f in (['jax', 'timm'] if with_timm else ['jax'])}
+    for what, analytic in (('train', 3 * forward), ('infer', forward)):
+      ours, theirs = best['vit_jax', what], best.get(('timm', what))
+      row = [name, what, f'{ours:.1f}',
+             f'{theirs:.1f}' if theirs else '-',
+             f'{ours / theirs:.2f}' if theirs else '-',
+             f'{jax_runner.flops.get(what, float("nan")) / 1e9:.2f} / '
+             f'{analytic / 1e9:.2f}',
+             f'{ours * analytic / peak:.0%}',
+             f'{theirs * analytic / peak:.0%}' if theirs else '-',
+             f'{memory["jax"]:.2f}' if what == 'train' else '',
+             f'{memory.get("timm", float("nan")):.2f}'
+             if what == 'train' and with_timm else '',
+             f'{jax_runner.compile_s:.1f}' if what == 'train' else '']
+      print('| ' + ' | '.join(row) + ' |', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
