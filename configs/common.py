@@ -48,7 +48,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 100  # 0: only at the end
   config.checkpoint_every = 1_000  # 0: only at the end
   config.max_to_keep = 3
-  config.trainer = 'train'  # or 'inference_time': forward img/s, no data
+  # 'train'; 'evaluate': a checkpoint's test accuracy, no training;
+  # 'inference_time': forward img/s, no data.
+  config.trainer = 'train'
 
   # Devices: [(axis, size)], one size may be -1; sharding rules are
   # [(regex over parameter paths, PartitionSpec tuple)], unmatched = replicated.

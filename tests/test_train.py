@@ -435,3 +435,31 @@ def test_all_scale_options_together(tiny_config, tmp_path):
       exported['Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel'],
       np.asarray(kernel)[1])
   assert not any('encoderblock/' in key for key in exported.files)
+
+
+def test_evaluate_only(reference, tmp_path, capsys):
+  """trainer='evaluate' reproduces a finished run's final evaluation, from
+  its exported .npz and from its workdir, and writes results.json."""
+  import json  # pylint: disable=g-import-not-at-top
+  config, workdir, _ = reference
+  with open(f'{workdir}/results.json') as f:
+    trained = json.load(f)
+  config = config.copy_and_resolve_references()
+  config.trainer = 'evaluate'
+  config.pretrained_dir = workdir  # {workdir}/testing.npz, head included
+  from_npz = train.evaluate_only(config, str(tmp_path / 'npz'))
+  with open(tmp_path / 'npz' / 'results.json') as f:
+    written = json.load(f)
+  assert written['accuracy'] == from_npz['accuracy'] and written['count'] == 37
+  config.pretrained_dir = None
+  from_workdir = train.evaluate_only(config, workdir)
+  for result in (from_npz, from_workdir):
+    assert result['count'] == trained['count'] == 37
+    np.testing.assert_allclose(result['accuracy'], trained['accuracy'])
+    np.testing.assert_allclose(result['loss'], trained['loss'], rtol=1e-5)
+  assert 'testing.npz: test accuracy' in capsys.readouterr().out
+  with pytest.raises(FileNotFoundError, match='Nothing to evaluate'):
+    train.evaluate_only(config, str(tmp_path / 'empty'))
+  config.pretrained_dir, config.pp.crop = workdir, 48
+  with pytest.raises(ValueError, match=r'(?s)pos_embedding.*pp.crop=48'):
+    train.evaluate_only(config, str(tmp_path / 'other_size'))

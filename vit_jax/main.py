@@ -37,6 +37,8 @@ def main(argv):
                jax.process_count(), jax.devices())
   if FLAGS.config.trainer == 'inference_time':
     inference_time.inference_time(FLAGS.config, FLAGS.workdir)
+  elif FLAGS.config.trainer == 'evaluate':
+    train.evaluate_only(FLAGS.config, FLAGS.workdir)
   else:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -123,7 +123,7 @@ def validate_config(config, num_devices_data: int):
   choices = {'optimizer': ('sgd', 'adamw'),
              'loss': ('softmax_xent', 'sigmoid_xent'),
              'decay_type': ('cosine', 'linear'),
-             'trainer': ('train', 'inference_time'),
+             'trainer': ('train', 'inference_time', 'evaluate'),
              'sharding_strategy': sharding.STRATEGIES,
              'momentum_dtype': ('float32', 'bfloat16')}
   for key, allowed in choices.items():
@@ -359,6 +359,57 @@ def export_npz(params, path):
   params = jax.device_get(params)
   if jax.process_index() == 0:
     checkpoint.save(params, path)
+
+
+def _checkpoint_params(config, abstract_params, path):
+  """A checkpoint's parameters, its head included, checked against the model."""
+  params = checkpoint.scan_like(checkpoint.load(path), abstract_params)
+  try:
+    return checkpoint.inspect_params(params=params, expected=abstract_params,
+                                     source=f'Checkpoint {path}')
+  except checkpoint.CheckpointError as e:
+    raise checkpoint.CheckpointError(
+        f'{e}\nEvaluate with the model, number of classes and image size '
+        f'(pp.crop={config.pp.crop}) the checkpoint was trained with.'
+    ) from None
+
+
+def evaluate_only(config: ml_collections.ConfigDict, workdir: str):
+  """`trainer='evaluate'`: test accuracy and loss of a checkpoint, no training.
+
+  The checkpoint is `pretrained_path` (or `{pretrained_dir}/{model_name}.npz`)
+  with its own head, else the latest state in `workdir`. Writes
+  `{workdir}/results.json`, as a training run does.
+  """
+  mesh = sharding.make_mesh(config.mesh)
+  validate_config(config, mesh.shape['data'])
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  model, path = make_model(config, info.num_classes), pretrained_path(config)
+  manager = ocp.CheckpointManager(
+      os.path.join(os.path.abspath(workdir), 'checkpoints'),
+      item_handlers=ocp.StandardCheckpointHandler())
+  if path is None and manager.latest_step() is None:
+    raise FileNotFoundError(
+        'Nothing to evaluate: set pretrained_path or pretrained_dir, or give '
+        f'a workdir with checkpoints ({workdir} has none).')
+  config = config.copy_and_resolve_references()  # a fresh or restored
+  config.pretrained_path = config.pretrained_dir = None  # state, not tuned
+  state, shardings, step = create_train_state(config, model, mesh, manager)
+  manager.close()
+  if path is not None:
+    params = _checkpoint_params(config, jax.device_get(state.params), path)
+    state = state.replace(params=jax.device_put(params, shardings.params))
+  _, eval_fn = make_step_fns(config, mesh, shardings)
+  result = evaluate(eval_fn, state, info, config, mesh)
+  source = path or f'step {step} of {workdir}'
+  print(f'{source}: test accuracy {result["accuracy"]:.4f}  loss '
+        f'{result["loss"]:.4f}  ({result["count"]} examples)', flush=True)
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump(dict(result, step=step, checkpoint=source), f)
+  return result
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):

@@ -1,0 +1,143 @@
+r"""Top-k classes of images, from a checkpoint in the published .npz format.
+
+  python -m vit_jax.predict --model_name=ViT-B_16 --checkpoint=ViT-B_16.npz \
+      cat.jpg dog.png
+
+Images are resized as the evaluation pipeline does (`input_pipeline.
+preprocess_eval`) to the resolution that the checkpoint's position embedding
+implies, unless `--size` says otherwise. Class names: ImageNet-1k or -21k for
+heads of 1,000 or 21,843 classes, `--labels=FILE` (one name per line) for
+others, else class indices.
+"""
+
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+import jax
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from vit_jax import checkpoint
+from vit_jax import input_pipeline
+from vit_jax import models
+from vit_jax import models_vit
+
+flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
+flags.DEFINE_string('checkpoint', None, 'The .npz file.')
+flags.DEFINE_string('labels', None, 'Class names, one per line.')
+flags.DEFINE_integer('size', None, 'Image side (default: the checkpoint\'s).')
+flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
+FLAGS = flags.FLAGS
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+LABEL_FILES = {1000: 'imagenet2012_labels.txt',
+               21843: 'imagenet21k_labels.txt'}
+
+
+def image_size(params, model_config) -> int:
+  """The image side that the checkpoint's token grid implies (square)."""
+  patch = models_vit.patch_size(model_config['patches'])[0]
+  mixing = params.get('MixerBlock_0', {}).get('token_mixing')
+  if mixing is not None:
+    tokens = mixing['Dense_0']['kernel'].shape[0]
+  else:
+    tables = params.get('Transformer', {}).get('posembed_input', {})
+    if 'pos_embedding_row' in tables:
+      tokens = tables['pos_embedding_row'].shape[1]**2
+    elif 'pos_embedding' in tables:
+      tokens = tables['pos_embedding'].shape[1] - int(
+          model_config.get('classifier', 'token') in ('token',
+                                                      'token_unpooled'))
+    else:
+      raise ValueError('The checkpoint has no position table that fixes its '
+                       'resolution: give --size.')
+  side = int(round(np.sqrt(tokens)))
+  stride = models_vit.resnet_stride(model_config.get('resnet'))
+  return side * patch * stride
+
+
+def load_classifier(model_name, path, size=None):
+  """(model, params, image side) for the checkpoint at `path`."""
+  params = checkpoint.load(path)
+  if 'head' not in params:
+    raise ValueError(f'{path} has no `head`: it cannot classify.')
+  config = dict(models.MODEL_CONFIGS[model_name].to_dict())
+  if 'pre_logits' in params:  # the published i21k checkpoints have one
+    config['representation_size'] = params['pre_logits']['kernel'].shape[-1]
+  size = size or image_size(params, config)
+  model = models.get_model(model_name, **dict(
+      config, num_classes=params['head']['kernel'].shape[-1]))
+  expected = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
+      train=False))['params']
+  params = checkpoint.inspect_params(params=params, expected=expected,
+                                     source=f'Checkpoint {path}')
+  return model, params, size
+
+
+def read_image(path, size):
+  """The image at `path` as the model sees it: (size, size, 3) in [-1, 1]."""
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f'{path}: no such file.')
+  data = tf.io.read_file(path)
+  try:
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+  except tf.errors.InvalidArgumentError as e:
+    raise ValueError(f'{path} is not an image that can be decoded (JPEG, PNG, '
+                     'GIF or BMP).') from e
+  pp = ml_collections.ConfigDict({'crop': size})
+  return input_pipeline.preprocess_eval(image, pp).numpy()
+
+
+def class_names(num_classes, labels_path=None):
+  """Names of the classes, from `labels_path` or the shipped ImageNet lists."""
+  if labels_path is None and num_classes in LABEL_FILES:
+    labels_path = os.path.join(DATA, LABEL_FILES[num_classes])
+  if labels_path is None:
+    return [str(i) for i in range(num_classes)]
+  with open(labels_path) as f:
+    names = [line.strip() for line in f if line.strip()]
+  if len(names) != num_classes:
+    raise ValueError(f'{labels_path} names {len(names)} classes, but the '
+                     f'head has {num_classes}.')
+  return names
+
+
+def predict(model, params, images):
+  """Class probabilities (softmax) of a batch of preprocessed images."""
+  logits = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
+      params, np.stack(images))
+  return np.asarray(jax.nn.softmax(logits.astype(np.float32)))
+
+
+def main(argv):
+  paths = argv[1:]
+  if not paths:
+    raise app.UsageError('Give one or more image files.')
+  tf.config.set_visible_devices([], 'GPU')  # TF only decodes images
+  model, params, size = load_classifier(FLAGS.model_name, FLAGS.checkpoint,
+                                        FLAGS.size)
+  names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
+  images, good = [], []
+  for path in paths:
+    try:
+      images.append(read_image(path, size))
+      good.append(path)
+    except (OSError, ValueError, tf.errors.OpError) as e:
+      print(f'{path}: error: {e}', file=sys.stderr)
+  if good:
+    for path, probs in zip(good, predict(model, params, images)):
+      print(f'{path}:')
+      for i in np.argsort(-probs)[:FLAGS.top_k]:
+        print(f'  {probs[i]:.4f}  {names[i]}')
+  return 0 if len(good) == len(paths) else 1
+
+
+if __name__ == '__main__':
+  flags.mark_flags_as_required(['model_name', 'checkpoint'])
+  app.run(main)
