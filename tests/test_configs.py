@@ -54,3 +54,19 @@ def test_model_name_has_one_source():
   config.model_name = 'ViT-other'  # as --config.model_name=ViT-other
   assert config.model.model_name == 'ViT-other'
   assert vit.get_config('s16,cifar10').model.model_name == 'ViT-S_16'
+
+
+@pytest.mark.parametrize('arg,name,crop', [
+    ('r50_b16,cifar10', 'R50+ViT-B_16', 384),
+    ('r26_s32,oxford_iiit_pet', 'R26+ViT-S_32', 384),
+    ('mixer_b16,cifar100', 'Mixer-B_16', 224)])
+def test_hybrid_and_mixer_fine_tuning_configs(arg, name, crop):
+  config = vit.get_config(arg)
+  assert (config.model_name, config.pp.crop) == (name, crop)
+  assert config.model.to_dict() == models.MODEL_CONFIGS[name].to_dict()
+  train.validate_config(config, 8)
+  model = train.make_model(config, 10)
+  assert isinstance(model, models.MlpMixer if name.startswith('Mixer')
+                    else models.VisionTransformer)
+  shape = (1, config.pp.crop, config.pp.crop, 3)
+  assert models.count_params(model, shape) > 1_000_000

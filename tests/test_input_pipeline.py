@@ -127,6 +127,41 @@ def test_image_folder(tmp_path, tiny_config):
   assert mask.sum() == 6
 
 
+def _eval_images(info, config):
+  batches = list(input_pipeline.eval_batches(info, config, batch_size=4))
+  images = np.concatenate([b['image'] for b in batches])
+  mask = np.concatenate([b['mask'] for b in batches]) > 0
+  return {image.tobytes() for image in images[mask]}
+
+
+def test_image_folder_sub_splits(tmp_path, tiny_config):
+  """Folders take tfds' split specs: 'train[:60%]' and 'train[60%:]' part
+  the 20 training images."""
+  rng = np.random.default_rng(0)
+  for split, n in (('train', 10), ('test', 3)):
+    for cls in ('cat', 'dog'):
+      os.makedirs(tmp_path / split / cls)
+      for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), np.uint8)).save(
+            tmp_path / split / cls / f'{i}.png')
+  tiny_config.dataset = str(tmp_path)
+  tiny_config.pp.train, tiny_config.pp.test = 'train[:60%]', 'train[60%:]'
+  info = _info(tiny_config)
+  assert (info.num_train, info.num_test) == (12, 8)
+  held_out = _eval_images(info, tiny_config)
+  tiny_config.pp.test = 'train[:60%]'
+  trained_on = _eval_images(_info(tiny_config), tiny_config)
+  tiny_config.pp.test = 'train'
+  everything = _eval_images(_info(tiny_config), tiny_config)
+  assert len(held_out) == 8 and len(trained_on) == 12
+  assert not held_out & trained_on and held_out | trained_on == everything
+  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=4))
+  assert batch['image'].shape == (4, 32, 32, 3)
+  tiny_config.pp.test = 'validation[:10%]'
+  with pytest.raises(ValueError, match="Split 'validation"):
+    _info(tiny_config)
+
+
 def test_unknown_dataset(tiny_config):
   tiny_config.dataset = 'no_such_dataset_xyz'
   with pytest.raises(ValueError, match='Unknown dataset'):

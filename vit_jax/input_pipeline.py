@@ -7,6 +7,7 @@ exactly where step s left off, with no re-seen batches.
 """
 
 import dataclasses
+import functools
 import os
 from typing import Iterator
 
@@ -60,19 +61,39 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   return builder
 
 
-def get_dataset_info(builder, config) -> DatasetInfo:
+def _num_examples(builder, split: str) -> int:
+  """Examples in `split`, a tfds split spec such as 'train[:90%]'."""
+  if isinstance(builder, tfds.ImageFolder):
+    return sum(stop - start for _, start, stop in _folder_parts(builder, split))
+  return builder.info.splits[split].num_examples
+
+
+def _folder_parts(builder, split: str):
+  """[(split name, start, stop)] of a split spec, for an image folder.
+
+  tfds' ImageFolder reads whole splits only; sub-splits ('train[:90%]') and
+  unions ('train+test') are cut here, in the folder's fixed file order.
+  """
   splits = builder.info.splits
+  parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(splits)
+  return [(part.splitname, part.from_ or 0,
+           splits[part.splitname].num_examples if part.to is None
+           else part.to) for part in parts]
+
+
+def get_dataset_info(builder, config) -> DatasetInfo:
+  num_examples = {}
   for split in (config.pp.train, config.pp.test):
     try:
-      splits[split]
-    except (KeyError, ValueError) as e:
+      num_examples[split] = _num_examples(builder, split)
+    except (KeyError, ValueError, AssertionError) as e:
       raise ValueError(f'Split {split!r} not in {config.dataset!r}; it has '
-                       f'{sorted(splits)}.') from e
+                       f'{sorted(builder.info.splits)}.') from e
   return DatasetInfo(
       builder=builder,
       num_classes=builder.info.features['label'].num_classes,
-      num_train=splits[config.pp.train].num_examples,
-      num_test=splits[config.pp.test].num_examples,
+      num_train=num_examples[config.pp.train],
+      num_test=num_examples[config.pp.test],
       channels=builder.info.features['image'].shape[-1] or 3)
 
 
@@ -119,14 +140,16 @@ def _decode(features, channels):
 def _read_process_share(builder, split):
   """This process's share of `split`, images still encoded (cheap buffers)."""
   nproc, index = jax.process_count(), jax.process_index()
-  folder = isinstance(builder, tfds.ImageFolder)  # it has no sub-split API
-  if not folder:
-    split = tfds.split_for_jax_process(split, drop_remainder=False)
-  ds = builder.as_dataset(
+  read = lambda split: builder.as_dataset(
       split=split, shuffle_files=False,
       decoders={'image': tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(add_tfds_id=False))
-  return ds.shard(nproc, index) if folder and nproc > 1 else ds
+  if not isinstance(builder, tfds.ImageFolder):
+    return read(tfds.split_for_jax_process(split, drop_remainder=False))
+  parts = [read(name).skip(start).take(stop - start)
+           for name, start, stop in _folder_parts(builder, split)]
+  ds = functools.reduce(lambda a, b: a.concatenate(b), parts)
+  return ds.shard(nproc, index) if nproc > 1 else ds
 
 
 def _stream_seeds(seed: int):
