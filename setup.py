@@ -23,7 +23,10 @@ setuptools.setup(
     python_requires='>=3.10',
     install_requires=requirements,
     extras_require={
-        'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0'],
+        'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0', 'safetensors==0.8.0'],
+        # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
+        'convert': ['safetensors==0.8.0', 'torch==2.14.1',
+                    'huggingface_hub==2.4.0'],
         # benchmarks/speed.py's side-by-side run (torch and timm on the CPU).
         'bench': ['torch==2.14.1', 'torchvision==0.29.1', 'timm==1.0.31'],
     },

@@ -139,7 +139,7 @@ def scan_like(params: Mapping[str, Any], model_params: Mapping[str, Any]):
   return traverse_util.unflatten_dict(out, sep='/')
 
 
-def _published_name(key: str) -> str:
+def published_name(key: str) -> str:
   """The published (pre-Linen) name of a '/'-joined Linen parameter path."""
   return _ENCODER_BLOCK.sub(
       lambda m: m[1] + _LINEN_TO_PRE_LINEN.get(m[2], m[2]), key)
@@ -156,7 +156,7 @@ def save(params: Mapping[str, Any], path) -> None:
   flat = _unscanned(traverse_util.flatten_dict(
       jax.device_get(dict(params)), sep='/'))
   flat = _groupnorm_shapes(
-      {_published_name(k): np.asarray(v) for k, v in flat.items()},
+      {published_name(k): np.asarray(v) for k, v in flat.items()},
       to_file=True)
   for key, value in flat.items():
     # bfloat16 and friends would be stored as opaque bytes: refuse them.

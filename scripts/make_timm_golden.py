@@ -1,0 +1,55 @@
+r"""Writes the tiny timm checkpoints and timm's logits that test the converter.
+
+Needs torch and timm (`pip install -e '.[bench]'`); the tests that read the
+files need neither. The models are the 'testing' ViT (class token, and mean
+pooling) and 'Mixer-testing', with random weights and GELU's tanh form, the
+one flax's `nn.gelu` computes, so that the logits can agree tightly.
+
+  python scripts/make_timm_golden.py
+"""
+
+import functools
+import os
+
+import numpy as np
+from safetensors.torch import save_file
+from timm.models import mlp_mixer
+from timm.models import vision_transformer
+import torch
+
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'tests', 'data')
+COMMON = dict(img_size=32, patch_size=16, num_classes=5,
+              act_layer=functools.partial(torch.nn.GELU, approximate='tanh'),
+              norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6))
+MODELS = {
+    'timm_vit': lambda: vision_transformer.VisionTransformer(
+        embed_dim=10, depth=1, num_heads=2, mlp_ratio=1.0, **COMMON),
+    'timm_vit_gap': lambda: vision_transformer.VisionTransformer(
+        embed_dim=10, depth=1, num_heads=2, mlp_ratio=1.0, class_token=False,
+        global_pool='avg', fc_norm=False, **COMMON),
+    'timm_mixer': lambda: mlp_mixer.MlpMixer(
+        embed_dim=16, num_blocks=2, mlp_ratio=(0.5, 2.0), **COMMON),
+}
+
+
+def main():
+  torch.manual_seed(0)
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(
+      np.float32)
+  golden = {'images': images}
+  for name, make in MODELS.items():
+    model = make().eval()
+    with torch.no_grad():
+      for param in model.parameters():
+        param.normal_(0, 0.3)
+      golden[name] = model(torch.from_numpy(images).permute(0, 3, 1, 2)
+                           ).numpy()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              os.path.join(OUT, f'{name}.safetensors'))
+  np.savez(os.path.join(OUT, 'timm_logits.npz'), **golden)
+  print('wrote', sorted(os.listdir(OUT)))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,99 @@
+"""timm <-> .npz conversion, against logits that timm computed itself.
+
+The golden files come from `scripts/make_timm_golden.py` (torch and timm);
+these tests need neither.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from vit_jax import checkpoint
+from vit_jax import convert
+from vit_jax import models
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = np.load(os.path.join(DATA, 'timm_logits.npz'))
+
+
+def _logits(model, params):
+  return np.asarray(model.apply({'params': params}, GOLDEN['images'],
+                                train=False))
+
+
+@pytest.mark.parametrize('name,preset', [('timm_vit', 'testing'),
+                                         ('timm_mixer', 'Mixer-testing')])
+def test_timm_to_npz_gives_timms_logits(tmp_path, name, preset):
+  npz = str(tmp_path / 'model.npz')
+  assert convert.convert(os.path.join(DATA, f'{name}.safetensors'),
+                         npz) == preset  # inferred from the shapes
+  model = models.get_model(preset, num_classes=5)
+  np.testing.assert_allclose(_logits(model, checkpoint.load(npz)),
+                             GOLDEN[name], rtol=1e-4, atol=1e-5)
+
+
+def test_gap_model(tmp_path):
+  """Mean pooling of the encoder-normed tokens (timm: fc_norm=False)."""
+  state = load_file(os.path.join(DATA, 'timm_vit_gap.safetensors'))
+  flat = convert.timm_to_npz(state, heads=2)
+  npz = tmp_path / 'gap.npz'
+  checkpoint.save(jax.tree.map(np.asarray, checkpoint.traverse_util.
+                               unflatten_dict(flat, sep='/')), npz)
+  model = models.get_model('testing', num_classes=5, classifier='gap')
+  np.testing.assert_allclose(_logits(model, checkpoint.load(npz)),
+                             GOLDEN['timm_vit_gap'], rtol=1e-4, atol=1e-5)
+  assert flat.keys() >= {'Transformer/encoder_norm/scale', 'embedding/kernel'}
+  assert 'cls' not in flat
+
+
+@pytest.mark.parametrize('name', ['timm_vit', 'timm_mixer'])
+def test_npz_to_timm_round_trip(tmp_path, name):
+  """Back to timm's layout: the same keys (none missing for timm's loader)
+  and the same arrays as timm's own state dict."""
+  source = os.path.join(DATA, f'{name}.safetensors')
+  convert.convert(source, str(tmp_path / 'model.npz'))
+  back = tmp_path / 'back.safetensors'
+  convert.convert(str(tmp_path / 'model.npz'), str(back))
+  want, got = load_file(source), load_file(str(back))
+  assert sorted(got) == sorted(want)
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_command_line_and_errors(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.convert',
+       os.path.join(DATA, 'timm_vit.safetensors'), str(tmp_path / 'v.npz')],
+      capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert result.returncode == 0, result.stderr
+  assert '(testing)' in result.stdout
+  assert 'Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/' \
+         'kernel' in np.load(tmp_path / 'v.npz').files
+  with pytest.raises(ValueError, match='expected a .safetensors'):
+    convert.read_timm(str(tmp_path / 'v.npz.txt'))
+  state = load_file(os.path.join(DATA, 'timm_vit.safetensors'))
+  state['fc_norm.weight'] = np.ones(10, np.float32)
+  with pytest.raises(ValueError, match="'fc_norm.weight' has no counterpart"):
+    convert.timm_to_npz(state, heads=2)
+  flat = convert.timm_to_npz(load_file(os.path.join(
+      DATA, 'timm_vit.safetensors')), heads=2)
+  flat['embedding/kernel'] = np.zeros((3, 3, 3, 10), np.float32)
+  with pytest.raises(ValueError, match='No preset has these shapes'):
+    convert.infer_preset(flat)
+
+
+def test_hub_name_fails_fast_offline(monkeypatch):
+  import socket  # pylint: disable=g-import-not-at-top
+
+  def unreachable(*args, **kw):
+    raise OSError('Network is unreachable')
+
+  monkeypatch.setattr(socket, 'create_connection', unreachable)
+  with pytest.raises(ConnectionError, match='Cannot reach huggingface.co'):
+    convert.convert('timm/vit_base_patch16_224.augreg_in21k', 'x.npz')
