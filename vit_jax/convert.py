@@ -22,7 +22,6 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax import models
 
-flags.DEFINE_string('model_name', None, 'Preset (default: from the shapes).')
 FLAGS = flags.FLAGS
 
 Flat = Dict[str, np.ndarray]
@@ -264,4 +263,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Defined here, not on import, so that other modules may define theirs.
+  flags.DEFINE_string('model_name', None,
+                      'Preset (default: inferred from the shapes).')
   app.run(main)

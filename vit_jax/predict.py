@@ -27,11 +27,6 @@ from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import models_vit
 
-flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
-flags.DEFINE_string('checkpoint', None, 'The .npz file.')
-flags.DEFINE_string('labels', None, 'Class names, one per line.')
-flags.DEFINE_integer('size', None, 'Image side (default: the checkpoint\'s).')
-flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
 FLAGS = flags.FLAGS
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
@@ -139,5 +134,11 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  # Defined here, not on import, so that other modules may define theirs.
+  flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
+  flags.DEFINE_string('checkpoint', None, 'The .npz file.')
+  flags.DEFINE_string('labels', None, 'Class names, one per line.')
+  flags.DEFINE_integer('size', None, "Image side (default: the checkpoint's).")
+  flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
   flags.mark_flags_as_required(['model_name', 'checkpoint'])
   app.run(main)
