@@ -23,7 +23,9 @@ setuptools.setup(
     python_requires='>=3.10',
     install_requires=requirements,
     extras_require={
-        'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0', 'safetensors==0.8.0'],
+        'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0', 'safetensors==0.8.0',
+                 # Notebooks run in the tests (papermill, SMOKE = True).
+                 'papermill==2.7.0', 'ipykernel==7.4.0', 'matplotlib==3.11.2'],
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
         'convert': ['safetensors==0.8.0', 'torch==2.14.1',
                     'huggingface_hub==2.4.0'],
