@@ -10,8 +10,11 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # A tfds name, or a folder of {train,test}/<class_name>/<image> files.
   config.dataset = ''
-  config.tfds_data_dir = ml_collections.config_dict.placeholder(str) # tensorflow_datasets folder (tfds default)
-  config.tfds_manual_dir = ml_collections.config_dict.placeholder(str) # files placed by hand, for tfds builders
+  config.tfds_data_dir = ml_collections.config_dict.placeholder(str)  # tensorflow_datasets folder (tfds default)
+  config.tfds_manual_dir = ml_collections.config_dict.placeholder(str)  # files placed by hand, for tfds builders
+  # Download and prepare a tfds dataset once when it is not prepared and the
+  # network answers (checked in seconds); else fail fast with instructions.
+  config.tfds_download = True
   config.pp = ml_collections.ConfigDict()
   config.pp.train = 'train'  # split
   config.pp.test = 'test'  # split

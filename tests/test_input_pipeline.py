@@ -6,6 +6,7 @@ import time
 import numpy as np
 from PIL import Image
 import pytest
+import tensorflow_datasets as tfds
 
 from conftest import fake_fashion_mnist, write_idx
 from vit_jax import input_pipeline
@@ -175,6 +176,22 @@ def test_unprepared_dataset_fails_fast(tiny_config, tmp_path):
   with pytest.raises(FileNotFoundError, match='cannot download'):
     input_pipeline.get_builder(tiny_config)
   assert time.time() - start < 30
+
+
+def test_download_when_online(tiny_config, tmp_path, monkeypatch):
+  """With the network, an unprepared tfds dataset is downloaded once; with
+  tfds_download off it fails at once, saying so."""
+  tiny_config.dataset = 'cifar10'
+  tiny_config.tfds_data_dir = str(tmp_path)
+  calls = []
+  monkeypatch.setattr(input_pipeline, '_online', lambda: True)
+  monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare',
+                      lambda self, **kw: calls.append(self.name))
+  assert input_pipeline.get_builder(tiny_config).name == 'cifar10'
+  assert calls == ['cifar10']
+  tiny_config.tfds_download = False
+  with pytest.raises(FileNotFoundError, match='tfds_download is off'):
+    input_pipeline.get_builder(tiny_config)
 
 
 def test_missing_manual_files(tiny_config, tmp_path):

@@ -9,6 +9,7 @@ exactly where step s left off, with no re-seen batches.
 import dataclasses
 import functools
 import os
+import socket
 from typing import Iterator
 
 import jax
@@ -27,11 +28,21 @@ class DatasetInfo:
   channels: int  # of the stored images: 1 (gray) or 3
 
 
+def _online(host: str = 'storage.googleapis.com', timeout: float = 3.):
+  """Whether `host` answers within seconds; tfds' own retries take minutes."""
+  try:
+    socket.create_connection((host, 443), timeout=timeout).close()
+    return True
+  except OSError:
+    return False
+
+
 def get_builder(config) -> tfds.core.DatasetBuilder:
   """A prepared tfds builder for `config.dataset` (a name or an image folder).
 
-  Fails within seconds, with instructions, when the data is not available
-  locally; it never downloads.
+  A tfds dataset that is not prepared yet is downloaded and prepared once,
+  as the original release does, when `config.tfds_download` is set and the
+  network answers; otherwise this fails within seconds, with instructions.
   """
   if os.path.isdir(config.dataset):
     return tfds.ImageFolder(config.dataset)
@@ -44,13 +55,15 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   if builder.is_prepared():
     return builder
   if builder.MANUAL_DOWNLOAD_INSTRUCTIONS is None and not isinstance(
-      builder, local_datasets.LOCAL_BUILDERS):
+      builder, local_datasets.LOCAL_BUILDERS) and not (
+          config.tfds_download and _online()):
+    why = ('no network' if config.tfds_download else
+           'config.tfds_download is off')
     raise FileNotFoundError(
         f'Dataset {config.dataset!r} is not prepared in {builder.data_dir} '
-        'and this machine cannot download it. Prepare it where there is '
-        'network (`tfds build '
-        f'{config.dataset} --data_dir=DIR`), then copy DIR here and set '
-        '--config.tfds_data_dir=DIR.')
+        f'and this machine cannot download it ({why}). Prepare it where '
+        f'there is network (`tfds build {config.dataset} --data_dir=DIR`), '
+        'then copy DIR here and set --config.tfds_data_dir=DIR.')
   try:
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
         manual_dir=config.tfds_manual_dir))
