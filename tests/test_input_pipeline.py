@@ -110,15 +110,20 @@ def test_eval_central_crop(tiny_config):
   assert batch['image'].shape == (4, 32, 32, 3)
 
 
-def test_image_folder(tmp_path, tiny_config):
+def _image_folder(root, num_train, num_test=3):
+  """{root}/{train,test}/{cat,dog}/{i}.png: random 20x24 images."""
   rng = np.random.default_rng(0)
-  for split, n in (('train', 6), ('test', 3)):
+  for split, n in (('train', num_train), ('test', num_test)):
     for cls in ('cat', 'dog'):
-      os.makedirs(tmp_path / split / cls)
+      os.makedirs(root / split / cls)
       for i in range(n):
         Image.fromarray(rng.integers(0, 255, (20, 24, 3), np.uint8)).save(
-            tmp_path / split / cls / f'{i}.png')
-  tiny_config.dataset = str(tmp_path)
+            root / split / cls / f'{i}.png')
+  return str(root)
+
+
+def test_image_folder(tmp_path, tiny_config):
+  tiny_config.dataset = _image_folder(tmp_path, 6)
   info = _info(tiny_config)
   assert (info.num_train, info.num_test, info.num_classes) == (12, 6, 2)
   batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=4))
@@ -138,14 +143,7 @@ def _eval_images(info, config):
 def test_image_folder_sub_splits(tmp_path, tiny_config):
   """Folders take tfds' split specs: 'train[:60%]' and 'train[60%:]' part
   the 20 training images."""
-  rng = np.random.default_rng(0)
-  for split, n in (('train', 10), ('test', 3)):
-    for cls in ('cat', 'dog'):
-      os.makedirs(tmp_path / split / cls)
-      for i in range(n):
-        Image.fromarray(rng.integers(0, 255, (20, 24, 3), np.uint8)).save(
-            tmp_path / split / cls / f'{i}.png')
-  tiny_config.dataset = str(tmp_path)
+  tiny_config.dataset = _image_folder(tmp_path, 10)
   tiny_config.pp.train, tiny_config.pp.test = 'train[:60%]', 'train[60%:]'
   info = _info(tiny_config)
   assert (info.num_train, info.num_test) == (12, 8)
