@@ -97,3 +97,15 @@ def test_hub_name_fails_fast_offline(monkeypatch):
   monkeypatch.setattr(socket, 'create_connection', unreachable)
   with pytest.raises(ConnectionError, match='Cannot reach huggingface.co'):
     convert.convert('timm/vit_base_patch16_224.augreg_in21k', 'x.npz')
+
+
+def test_what_timm_cannot_hold_is_refused(tmp_path):
+  """timm's ViT has no representation layer: a .npz with pre_logits (the
+  published i21k files) cannot go back to timm's layout, and says why."""
+  convert.convert(os.path.join(DATA, 'timm_vit.safetensors'),
+                  str(tmp_path / 'v.npz'))
+  flat = dict(np.load(tmp_path / 'v.npz'))
+  flat['pre_logits/kernel'] = np.zeros((10, 10), np.float32)
+  with pytest.raises(ValueError, match="'pre_logits/kernel' has no "
+                     'counterpart in timm'):
+    convert.npz_to_timm(flat)
