@@ -15,6 +15,7 @@ import numpy as np
 from safetensors.torch import save_file
 from timm.models import mlp_mixer
 from timm.models import vision_transformer
+from timm.models import vision_transformer_hybrid
 import torch
 
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -30,15 +31,23 @@ MODELS = {
         global_pool='avg', fc_norm=False, **COMMON),
     'timm_mixer': lambda: mlp_mixer.MlpMixer(
         embed_dim=16, num_blocks=2, mlp_ratio=(0.5, 2.0), **COMMON),
+    # A ResNet root and one stage of one unit, then 1x1 patches, at 64 px.
+    'timm_hybrid': lambda: vision_transformer.VisionTransformer(
+        embed_dim=32, depth=1, num_heads=2, mlp_ratio=1.0, **dict(
+            COMMON, img_size=64, patch_size=1,
+            embed_layer=functools.partial(
+                vision_transformer_hybrid.HybridEmbed,
+                backbone=vision_transformer_hybrid._resnetv2(layers=(1,))))),
 }
 
 
 def main():
   torch.manual_seed(0)
-  images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(
-      np.float32)
-  golden = {'images': images}
+  rng = np.random.default_rng(0)
+  golden = {'images': rng.uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32),
+            'images64': rng.uniform(-1, 1, (2, 64, 64, 3)).astype(np.float32)}
   for name, make in MODELS.items():
+    images = golden['images64' if name == 'timm_hybrid' else 'images']
     model = make().eval()
     with torch.no_grad():
       for param in model.parameters():

@@ -52,6 +52,36 @@ def test_gap_model(tmp_path):
   assert 'cls' not in flat
 
 
+def test_hybrid(tmp_path):
+  """timm's ResNetV2 backbone -> conv_root, gn_root, block1/unit1/...
+
+  timm standardizes kernels by sqrt(var + 1e-8) and normalizes groups with
+  eps 1e-5, the original by std + 1e-5 and eps 1e-6: with kernels of
+  std 0.3 the logits still agree to 1e-6 here.
+  """
+  state = load_file(os.path.join(DATA, 'timm_hybrid.safetensors'))
+  flat = convert.timm_to_npz(state, heads=2)
+  assert flat['block1/unit1/conv_proj/kernel'].shape == (1, 1, 64, 256)
+  npz = tmp_path / 'hybrid.npz'
+  checkpoint.save(checkpoint.traverse_util.unflatten_dict(flat, sep='/'), npz)
+  assert np.load(npz)['gn_root/scale'].shape == (1, 1, 1, 64)  # published
+  model = models.VisionTransformer(
+      num_classes=5, patches={'size': (1, 1)}, hidden_size=32,
+      transformer={'mlp_dim': 32, 'num_heads': 2, 'num_layers': 1,
+                   'dropout_rate': 0., 'attention_dropout_rate': 0.},
+      resnet={'num_layers': (1,), 'width_factor': 1})
+  logits = np.asarray(model.apply({'params': checkpoint.load(npz)},
+                                  GOLDEN['images64'], train=False))
+  want = GOLDEN['timm_hybrid']
+  np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
+  back = convert.npz_to_timm({checkpoint.published_name(k): v for k, v in
+                              checkpoint.traverse_util.flatten_dict(
+                                  checkpoint.load(npz), sep='/').items()})
+  assert sorted(back) == sorted(state)
+  for key in state:
+    np.testing.assert_array_equal(back[key], state[key], err_msg=key)
+
+
 @pytest.mark.parametrize('name', ['timm_vit', 'timm_mixer'])
 def test_npz_to_timm_round_trip(tmp_path, name):
   """Back to timm's layout: the same keys (none missing for timm's loader)
@@ -109,3 +139,16 @@ def test_what_timm_cannot_hold_is_refused(tmp_path):
   with pytest.raises(ValueError, match="'pre_logits/kernel' has no "
                      'counterpart in timm'):
     convert.npz_to_timm(flat)
+
+
+@pytest.mark.parametrize('name', ['ViT-B_16', 'ViT-S_16-gap-norep',
+                                  'R26+ViT-S_32', 'R+ViT-Ti_16',
+                                  'Mixer-B_16'])
+def test_infer_preset_from_published_shapes(name):
+  model = models.get_model(name, num_classes=10)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), np.zeros((1, 224, 224, 3), np.float32),
+      train=False))['params']
+  flat = {checkpoint.published_name(k): v for k, v in
+          checkpoint.traverse_util.flatten_dict(shapes, sep='/').items()}
+  assert convert.infer_preset(flat) == name

@@ -5,10 +5,10 @@ r"""Weights in timm's layout <-> the published .npz format.
 
 The preset is inferred from the shapes (`--model_name` to choose it); it gives
 the number of heads, which timm's fused `qkv` does not show. ViTs (class
-token or mean pooling) and MLP-Mixers are converted; timm's `.safetensors`
-is read with safetensors' numpy API, a torch `.pth`/`.bin` with
-`torch.load(weights_only=True)` (torch and safetensors are optional:
-`pip install -e '.[convert]'`). Hybrids are not converted yet.
+token or mean pooling), hybrids and MLP-Mixers are converted. timm's
+`.safetensors` is read with safetensors' numpy API, a torch `.pth`/`.bin`
+with `torch.load(weights_only=True)` (torch and safetensors are optional:
+`pip install -e '.[convert]'`).
 """
 
 import os
@@ -43,6 +43,21 @@ _VIT = [
     (r'norm\.(weight|bias)', r'Transformer/encoder_norm/\1'),
     (r'head\.(weight|bias)', r'head/\1'),
 ]
+# The hybrids' ResNet (timm's ResNetV2 in `patch_embed.backbone`).
+_BACKBONE = r'patch_embed\.backbone\.'
+_UNIT = _BACKBONE + r'stages\.(\d+)\.blocks\.(\d+)\.'
+_HYBRID = [
+    (_BACKBONE + r'stem\.conv\.weight', 'conv_root/weight'),
+    (_BACKBONE + r'stem\.norm\.(weight|bias)', r'gn_root/\1'),
+    (_UNIT + r'downsample\.conv\.weight',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/conv_proj/weight'),
+    (_UNIT + r'downsample\.norm\.(weight|bias)',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/gn_proj/{m[3]}'),
+    (_UNIT + r'conv(\d)\.weight',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/conv{m[3]}/weight'),
+    (_UNIT + r'norm(\d)\.(weight|bias)',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/gn{m[3]}/{m[4]}'),
+]
 _MIXER = [
     (r'stem\.proj\.(weight|bias)', r'stem/\1'),
     (r'blocks\.(\d+)\.norm1\.(weight|bias)', r'MixerBlock_\1/LayerNorm_0/\2'),
@@ -73,7 +88,8 @@ def _leaf_to_timm(value: np.ndarray) -> np.ndarray:
 
 
 def _rules(state) -> list:
-  return _MIXER if any(k.startswith('stem.') for k in state) else _VIT
+  return _MIXER if any(k.startswith('stem.') for k in state) else (
+      _VIT + _HYBRID)
 
 
 def _attention_to_npz(state: Flat, heads: int) -> Flat:
@@ -105,8 +121,8 @@ def _npz_name(key: str, rules) -> str:
     if match:
       name = match.expand(target) if isinstance(target, str) else target(
           match)
-      norm = re.search(r'(LayerNorm_\d|encoder_norm|pre_head_layer_norm)/'
-                       r'weight$', name)
+      norm = re.search(r'(LayerNorm_\d|encoder_norm|pre_head_layer_norm|'
+                       r'gn\w*)/weight$', name)
       return re.sub(r'/weight$', '/scale' if norm else '/kernel', name)
   return None
 
@@ -120,7 +136,7 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
     name = _npz_name(key, rules)
     if name is None:
       raise ValueError(f'timm key {key!r} has no counterpart in vit_jax (a '
-                       'hybrid, or a norm or head vit_jax does not have).')
+                       'norm or head that vit_jax does not have).')
     out[name] = _leaf_to_npz(np.asarray(value))
   return out
 
@@ -137,13 +153,27 @@ def _timm_keys(flat: Flat) -> list:
     top = ['patch_embed.proj', 'norm', 'head']
     inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.fc2']
   modules = top + [f'blocks.{i}.{n}' for i in sorted(blocks) for n in inner]
-  return ['cls_token', 'pos_embed'] + [f'{m}.{w}' for m in modules
+  keys = ['cls_token', 'pos_embed'] + [f'{m}.{w}' for m in modules
                                        for w in ('weight', 'bias')]
+  backbone = 'patch_embed.backbone.'
+  keys += [backbone + 'stem.conv.weight', backbone + 'stem.norm.weight',
+           backbone + 'stem.norm.bias']
+  for key in flat:  # the ResNet's units, as the .npz has them
+    match = re.match(r'block(\d+)/unit(\d+)/(conv|gn)(\w+)/', key)
+    if match:
+      unit = f'{backbone}stages.{int(match[1]) - 1}.blocks.{int(match[2]) - 1}.'
+      layer = ('downsample.' + ('conv' if match[3] == 'conv' else 'norm')
+               if match[4] == '_proj' else f'{match[3].replace("gn", "norm")}'
+               f'{match[4]}')
+      keys += [f'{unit}{layer}.weight'] + (
+          [f'{unit}{layer}.bias'] if match[3] == 'gn' else [])
+  return keys
 
 
 def npz_to_timm(flat: Flat) -> Flat:
   """'/'-joined published names -> a timm state dict (numpy)."""
-  rules = _MIXER if any(k.startswith('MixerBlock_') for k in flat) else _VIT
+  rules = (_MIXER if any(k.startswith('MixerBlock_') for k in flat) else
+           _VIT + _HYBRID)
   names = {_npz_name(key, rules): key for key in _timm_keys(flat)}
   out, attention = {}, {}
   for key, value in flat.items():
@@ -154,8 +184,8 @@ def npz_to_timm(flat: Flat) -> Flat:
     elif key in names:
       out[names[key]] = _leaf_to_timm(value)
     else:
-      raise ValueError(f'{key!r} has no counterpart in timm (a hybrid, a '
-                       'pre_logits or MAP head, or another position scheme).')
+      raise ValueError(f'{key!r} has no counterpart in timm (a pre_logits '
+                       'or MAP head, or another position scheme).')
   for (block, name, kind), value in attention.items():
     if name != 'out':
       continue
@@ -171,6 +201,18 @@ def npz_to_timm(flat: Flat) -> Flat:
   return out
 
 
+def _resnet_layers(flat: Flat):
+  """Units per stage of a hybrid's ResNet, None for a plain ViT."""
+  if 'conv_root/kernel' not in flat:
+    return None
+  units = {}
+  for key in flat:
+    match = re.match(r'block(\d+)/unit(\d+)/', key)
+    if match:
+      units[int(match[1])] = max(units.get(int(match[1]), 0), int(match[2]))
+  return tuple(units[i] for i in sorted(units))
+
+
 def infer_preset(flat: Flat) -> str:
   """The preset whose shapes these published names have."""
   def dims(name):
@@ -178,9 +220,10 @@ def infer_preset(flat: Flat) -> str:
     if name.startswith('Mixer-'):
       return ('mixer', config.hidden_dim, config.num_blocks,
               config.patches.size[0], config.tokens_mlp_dim)
+    resnet = config.get('resnet')
     return ('vit', config.hidden_size, config.transformer.num_layers,
             config.patches.size[0], config.transformer.mlp_dim,
-            config.classifier, config.get('resnet') is None)
+            config.classifier, tuple(resnet.num_layers) if resnet else None)
   blocks = {m[1] for k in flat
             for m in [re.search(r'(?:encoderblock|MixerBlock)_(\d+)/', k)] if m}
   if 'stem/kernel' in flat:
@@ -191,7 +234,7 @@ def infer_preset(flat: Flat) -> str:
     kernel = flat['embedding/kernel']
     want = ('vit', kernel.shape[-1], len(blocks), kernel.shape[0],
             flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel'].shape[
-                -1], 'token' if 'cls' in flat else 'gap', True)
+                -1], 'token' if 'cls' in flat else 'gap', _resnet_layers(flat))
   found = [name for name in models.MODEL_CONFIGS if dims(name) == want]
   if not found:
     raise ValueError(f'No preset has these shapes ({want}); give '
