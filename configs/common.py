@@ -48,6 +48,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0
 
   config.progress_every = 10
+  config.progress_bar = False  # a tqdm bar (notebooks) instead of lines
   config.eval_every = 100  # 0: only at the end
   config.checkpoint_every = 1_000  # 0: only at the end
   config.max_to_keep = 3

@@ -152,3 +152,27 @@ def test_infer_preset_from_published_shapes(name):
   flat = {checkpoint.published_name(k): v for k, v in
           checkpoint.traverse_util.flatten_dict(shapes, sep='/').items()}
   assert convert.infer_preset(flat) == name
+
+
+def test_pth_reads_tensors_and_refuses_pickled_objects(tmp_path):
+  """Only where torch is installed (not in CI: it is an optional extra). In a
+  process of its own: torch imported after TensorFlow can crash."""
+  pytest.importorskip('torch')
+  script = f"""
+import torch, numpy as np, pytest
+from safetensors.numpy import load_file
+from vit_jax import convert
+state = load_file({os.path.join(DATA, 'timm_vit.safetensors')!r})
+torch.save({{k: torch.from_numpy(v) for k, v in state.items()}}, 'model.pth')
+read = convert.read_timm('model.pth')
+assert sorted(read) == sorted(state)
+assert all(np.array_equal(read[k], state[k]) for k in state)
+class Unsafe: pass
+torch.save({{'model': state, 'extra': Unsafe()}}, 'unsafe.pth')
+with pytest.raises(ValueError, match='pickled Python objects'):
+  convert.read_timm('unsafe.pth')
+print('ok')
+"""
+  result = subprocess.run([sys.executable, '-c', script], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+  assert result.stdout.strip().endswith('ok'), result.stderr[-2000:]

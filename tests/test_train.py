@@ -68,6 +68,14 @@ def test_progress_eval_and_metrics(tiny_config, tmp_path, capsys):
           'eval_loss'} <= tags
 
 
+def test_progress_bar(tiny_config, tmp_path, capsys):
+  tiny_config.progress_bar = True
+  train.train_and_evaluate(tiny_config, str(tmp_path))
+  out, err = capsys.readouterr()
+  assert '6/6' in err and 'loss=' in err  # tqdm writes to stderr
+  assert '[2/6] loss' not in out and 'Done: 6 steps' in out
+
+
 def test_learns(tiny_config, tmp_path):
   """The class is visible in the fake images; a short run must find it."""
   tiny_config.model.hidden_size = 32

@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+import tqdm.auto
 
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
@@ -266,13 +267,24 @@ class _Preemption:
 
 
 class Progress:
-  """Collects losses on device; fetches, checks, prints and logs them."""
+  """Collects losses on device; fetches, checks, prints and logs them.
+
+  With `config.progress_bar` a tqdm bar (a widget in notebooks) replaces the
+  printed lines.
+  """
 
   def __init__(self, config, writer, start_step: int):
     self.config, self.writer = config, writer
     self.schedule = make_schedule(config)
     self.pending = []
     self.step, self.time = start_step, time.perf_counter()
+    self.bar = tqdm.auto.tqdm(
+        total=config.total_steps, initial=start_step, unit='step',
+        disable=jax.process_index() > 0) if config.progress_bar else None
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
 
   def add(self, loss):
     self.pending.append(loss)  # no host round-trip until `report`
@@ -292,10 +304,14 @@ class Progress:
     img_s = (step - self.step) * config.batch / (now - self.time)
     lr = float(self.schedule(step - 1))
     eta = (config.total_steps - step) * config.batch / max(img_s, 1e-9)
-    print(f'[{step}/{config.total_steps}] loss {loss:.4f}  '
-          f'lr {lr:.3g}  {img_s:.0f} img/s  '
-          f'ETA {datetime.timedelta(seconds=int(eta))}',
-          flush=True)
+    if self.bar is not None:
+      self.bar.update(step - self.step)
+      self.bar.set_postfix(loss=f'{loss:.4f}', lr=f'{lr:.3g}',
+                           img_s=f'{img_s:.0f}')
+    else:
+      print(f'[{step}/{config.total_steps}] loss {loss:.4f}  '
+            f'lr {lr:.3g}  {img_s:.0f} img/s  '
+            f'ETA {datetime.timedelta(seconds=int(eta))}', flush=True)
     self.writer.write_scalars(step, {'train_loss': loss,
                                      'learning_rate': lr, 'img_per_sec': img_s})
     self.step, self.time = step, now
@@ -457,6 +473,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       if preemption.requested:
         break
 
+  progress.close()
   manager.wait_until_finished()
   manager.close()
   writer.flush()
