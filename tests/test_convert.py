@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+from flax import traverse_util
 import jax
 import numpy as np
 import pytest
@@ -43,8 +44,7 @@ def test_gap_model(tmp_path):
   state = load_file(os.path.join(DATA, 'timm_vit_gap.safetensors'))
   flat = convert.timm_to_npz(state, heads=2)
   npz = tmp_path / 'gap.npz'
-  checkpoint.save(jax.tree.map(np.asarray, checkpoint.traverse_util.
-                               unflatten_dict(flat, sep='/')), npz)
+  checkpoint.save(traverse_util.unflatten_dict(flat, sep='/'), npz)
   model = models.get_model('testing', num_classes=5, classifier='gap')
   np.testing.assert_allclose(_logits(model, checkpoint.load(npz)),
                              GOLDEN['timm_vit_gap'], rtol=1e-4, atol=1e-5)
@@ -63,7 +63,7 @@ def test_hybrid(tmp_path):
   flat = convert.timm_to_npz(state, heads=2)
   assert flat['block1/unit1/conv_proj/kernel'].shape == (1, 1, 64, 256)
   npz = tmp_path / 'hybrid.npz'
-  checkpoint.save(checkpoint.traverse_util.unflatten_dict(flat, sep='/'), npz)
+  checkpoint.save(traverse_util.unflatten_dict(flat, sep='/'), npz)
   assert np.load(npz)['gn_root/scale'].shape == (1, 1, 1, 64)  # published
   model = models.VisionTransformer(
       num_classes=5, patches={'size': (1, 1)}, hidden_size=32,
@@ -74,9 +74,7 @@ def test_hybrid(tmp_path):
                                   GOLDEN['images64'], train=False))
   want = GOLDEN['timm_hybrid']
   np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
-  back = convert.npz_to_timm({checkpoint.published_name(k): v for k, v in
-                              checkpoint.traverse_util.flatten_dict(
-                                  checkpoint.load(npz), sep='/').items()})
+  back = convert.npz_to_timm(checkpoint.published_flat(checkpoint.load(npz)))
   assert sorted(back) == sorted(state)
   for key in state:
     np.testing.assert_array_equal(back[key], state[key], err_msg=key)
@@ -149,8 +147,7 @@ def test_infer_preset_from_published_shapes(name):
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.key(0), np.zeros((1, 224, 224, 3), np.float32),
       train=False))['params']
-  flat = {checkpoint.published_name(k): v for k, v in
-          checkpoint.traverse_util.flatten_dict(shapes, sep='/').items()}
+  flat = checkpoint.published_flat(shapes)
   assert convert.infer_preset(flat) == name
 
 

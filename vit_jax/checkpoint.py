@@ -139,10 +139,18 @@ def scan_like(params: Mapping[str, Any], model_params: Mapping[str, Any]):
   return traverse_util.unflatten_dict(out, sep='/')
 
 
-def published_name(key: str) -> str:
+def _published_name(key: str) -> str:
   """The published (pre-Linen) name of a '/'-joined Linen parameter path."""
   return _ENCODER_BLOCK.sub(
       lambda m: m[1] + _LINEN_TO_PRE_LINEN.get(m[2], m[2]), key)
+
+
+def published_flat(params: Mapping[str, Any]) -> Params:
+  """`params` (nested, Linen names, blocks maybe scanned) by '/'-joined
+  published names, one entry per block; GroupNorm shapes are left as they
+  are (`save` gives them the files' (1, 1, 1, C))."""
+  flat = _unscanned(traverse_util.flatten_dict(dict(params), sep='/'))
+  return {_published_name(k): v for k, v in flat.items()}
 
 
 def save(params: Mapping[str, Any], path) -> None:
@@ -153,11 +161,9 @@ def save(params: Mapping[str, Any], path) -> None:
   them. Scanned blocks are written one per block.
   """
   path = os.fspath(path)
-  flat = _unscanned(traverse_util.flatten_dict(
-      jax.device_get(dict(params)), sep='/'))
   flat = _groupnorm_shapes(
-      {published_name(k): np.asarray(v) for k, v in flat.items()},
-      to_file=True)
+      {k: np.asarray(v) for k, v in published_flat(
+          jax.device_get(dict(params))).items()}, to_file=True)
   for key, value in flat.items():
     # bfloat16 and friends would be stored as opaque bytes: refuse them.
     if value.dtype.kind not in 'biufc':

@@ -17,6 +17,7 @@ from typing import Dict
 
 from absl import app
 from absl import flags
+from flax import traverse_util
 import numpy as np
 
 from vit_jax import checkpoint
@@ -87,9 +88,8 @@ def _leaf_to_timm(value: np.ndarray) -> np.ndarray:
   return value.T if value.ndim == 2 else value
 
 
-def _rules(state) -> list:
-  return _MIXER if any(k.startswith('stem.') for k in state) else (
-      _VIT + _HYBRID)
+def _rules(mixer: bool) -> list:
+  return _MIXER if mixer else _VIT + _HYBRID
 
 
 def _attention_to_npz(state: Flat, heads: int) -> Flat:
@@ -129,7 +129,8 @@ def _npz_name(key: str, rules) -> str:
 
 def timm_to_npz(state: Flat, heads: int) -> Flat:
   """A timm state dict (numpy) -> '/'-joined published names."""
-  rules, out = _rules(state), _attention_to_npz(state, heads)
+  rules = _rules(mixer=any(k.startswith('stem.') for k in state))
+  out = _attention_to_npz(state, heads)
   for key, value in state.items():
     if _ATTENTION.fullmatch(key):
       continue
@@ -172,8 +173,7 @@ def _timm_keys(flat: Flat) -> list:
 
 def npz_to_timm(flat: Flat) -> Flat:
   """'/'-joined published names -> a timm state dict (numpy)."""
-  rules = (_MIXER if any(k.startswith('MixerBlock_') for k in flat) else
-           _VIT + _HYBRID)
+  rules = _rules(mixer=any(k.startswith('MixerBlock_') for k in flat))
   names = {_npz_name(key, rules): key for key in _timm_keys(flat)}
   out, attention = {}, {}
   for key, value in flat.items():
@@ -279,9 +279,7 @@ def fetch(name: str, timeout: float = 5.) -> str:
 def convert(src: str, dst: str, model_name: str = None) -> str:
   """Converts `src` to `dst`, by their extensions; returns the preset."""
   if src.endswith('.npz'):
-    flat = {checkpoint.published_name(k): v for k, v in
-            checkpoint.traverse_util.flatten_dict(
-                checkpoint.load(src), sep='/').items()}
+    flat = checkpoint.published_flat(checkpoint.load(src))
     model_name = model_name or infer_preset(flat)
     from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
     save_file({k: np.ascontiguousarray(v, np.float32)
@@ -294,7 +292,7 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   heads = models.MODEL_CONFIGS[model_name].get('transformer', {}).get(
       'num_heads', 1)
   flat = timm_to_npz(state, heads)
-  checkpoint.save(checkpoint.traverse_util.unflatten_dict(flat, sep='/'), dst)
+  checkpoint.save(traverse_util.unflatten_dict(flat, sep='/'), dst)
   return model_name
 
 

@@ -241,8 +241,8 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
         deterministic=deterministic, dtype=dtype, precision=precision,
         module=module, force_fp32_for_softmax=True)
-  if jax.default_backend() == 'cpu':
-    return _heads_first_attention(query, key, value, bias, mask)
+  if jax.default_backend() == 'cpu' and mask is None:
+    return _heads_first_attention(query, key, value, bias)
   flash = (jax.default_backend() == 'gpu' and bias is None and mask is None
            and query.dtype in (jnp.bfloat16, jnp.float16))
   return jax.nn.dot_product_attention(
@@ -250,7 +250,7 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
       implementation='cudnn' if flash else None)
 
 
-def _heads_first_attention(query, key, value, bias=None, mask=None):
+def _heads_first_attention(query, key, value, bias=None):
   """The same attention with heads moved before tokens first, for the CPU.
 
   XLA's CPU backend fuses the (batch, tokens, heads, depth) transposes into
@@ -264,8 +264,6 @@ def _heads_first_attention(query, key, value, bias=None, mask=None):
   logits = logits / np.sqrt(query.shape[-1]).astype(np.float32)
   if bias is not None:
     logits = logits + bias
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
   return jnp.swapaxes(jnp.einsum('bhqk,bhkd->bhqd', weights, value), 1, 2)
 

@@ -361,9 +361,7 @@ def finish(config, workdir, params, result, seconds):
   """Exports the final parameters as .npz and writes `results.json`."""
   export_npz(params, os.path.join(workdir, f'{config.model_name}.npz'))
   step = config.total_steps
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'results.json'), 'w') as f:
-      json.dump(dict(result, step=step, seconds_since_start=seconds), f)
+  _write_results(workdir, result, step=step, seconds_since_start=seconds)
   print(f'Done: {step} steps, test accuracy {result["accuracy"]:.4f}, '
         f'{seconds:.0f} s since start or resume.', flush=True)
 
@@ -375,6 +373,27 @@ def export_npz(params, path):
   params = jax.device_get(params)
   if jax.process_index() == 0:
     checkpoint.save(params, path)
+
+
+def _setup(config, workdir, max_to_keep=None):
+  """The mesh, the dataset and the workdir's checkpoint manager of a run."""
+  mesh = sharding.make_mesh(config.mesh)
+  validate_config(config, mesh.shape['data'])
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  manager = ocp.CheckpointManager(
+      os.path.join(os.path.abspath(workdir), 'checkpoints'),
+      item_handlers=ocp.StandardCheckpointHandler(),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep))
+  return mesh, info, manager
+
+
+def _write_results(workdir, result, **extra):
+  """`{workdir}/results.json` (process 0)."""
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump(dict(result, **extra), f)
 
 
 def _checkpoint_params(config, abstract_params, path):
@@ -397,47 +416,36 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str):
   with its own head, else the latest state in `workdir`. Writes
   `{workdir}/results.json`, as a training run does.
   """
-  mesh = sharding.make_mesh(config.mesh)
-  validate_config(config, mesh.shape['data'])
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
-                                         config)
+  mesh, info, manager = _setup(config, workdir)
   model, path = make_model(config, info.num_classes), pretrained_path(config)
-  manager = ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), 'checkpoints'),
-      item_handlers=ocp.StandardCheckpointHandler())
   if path is None and manager.latest_step() is None:
     raise FileNotFoundError(
         'Nothing to evaluate: set pretrained_path or pretrained_dir, or give '
         f'a workdir with checkpoints ({workdir} has none).')
-  config = config.copy_and_resolve_references()  # a fresh or restored
-  config.pretrained_path = config.pretrained_dir = None  # state, not tuned
-  state, shardings, step = create_train_state(config, model, mesh, manager)
+  if path is None:
+    state, shardings, step = create_train_state(config, model, mesh, manager)
+  else:  # parameters only: no optimizer state to build
+    image = jnp.zeros((1, config.pp.crop, config.pp.crop, 3))
+    abstract = jax.eval_shape(lambda: model.init(
+        jax.random.key(0), image, train=False))['params']
+    state = TrainState.create(apply_fn=model.apply, tx=optax.identity(),
+                              params=_checkpoint_params(config, abstract, path))
+    shardings = sharding.tree_shardings(state, mesh, config.sharding_rules,
+                                        config.sharding_strategy)
+    state, step = jax.device_put(state, shardings), None
   manager.close()
-  if path is not None:
-    params = _checkpoint_params(config, jax.device_get(state.params), path)
-    state = state.replace(params=jax.device_put(params, shardings.params))
   _, eval_fn = make_step_fns(config, mesh, shardings)
   result = evaluate(eval_fn, state, info, config, mesh)
   source = path or f'step {step} of {workdir}'
   print(f'{source}: test accuracy {result["accuracy"]:.4f}  loss '
         f'{result["loss"]:.4f}  ({result["count"]} examples)', flush=True)
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'results.json'), 'w') as f:
-      json.dump(dict(result, step=step, checkpoint=source), f)
+  _write_results(workdir, result, step=step, checkpoint=source)
   return result
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
   """Trains (resuming from `workdir`), evaluates, returns the final params."""
-  mesh = sharding.make_mesh(config.mesh)
-  validate_config(config, mesh.shape['data'])
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
-                                         config)
-  manager = ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), 'checkpoints'),
-      item_handlers=ocp.StandardCheckpointHandler(),
-      options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
+  mesh, info, manager = _setup(config, workdir, config.max_to_keep)
   state, shardings, start = create_train_state(
       config, make_model(config, info.num_classes), mesh, manager)
   if start >= config.total_steps:
