@@ -11,7 +11,6 @@ short listing, before anything is compiled.
 
 import os
 import re
-import secrets
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import zipfile
 import zlib
@@ -24,6 +23,7 @@ import numpy as np
 
 from vit_jax import models_vit
 from vit_jax import posemb_resize
+from vit_jax import storage
 # Also importable from here, where the original release has them.
 from vit_jax.posemb_resize import interpolate_posembed  # pylint: disable=unused-import
 from vit_jax.posemb_resize import resize_posemb_grid
@@ -97,13 +97,14 @@ def _read_arrays(path: str) -> Params:
 def load(path) -> Params:
   """Reads a checkpoint into nested dicts of numpy arrays, with Linen names.
 
-  Accepts pre-Linen and Linen names alike, and never unpickles. Raises
+  `path` may be local, in a bucket (gs://) or an https:// URL (fetched into
+  a local cache once). Accepts pre-Linen and Linen names alike, and never
+  unpickles. Raises
   FileNotFoundError, or CheckpointError for a damaged or non-numeric file.
   """
   path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f'Checkpoint file not found: {path}')
-  flat = _groupnorm_shapes(_read_arrays(path), to_file=False)
+  flat = _groupnorm_shapes(_read_arrays(storage.local_copy(path)),
+                           to_file=False)
   try:
     tree = traverse_util.unflatten_dict(flat, sep='/')
   except (TypeError, ValueError, IndexError) as e:
@@ -156,7 +157,8 @@ def published_flat(params: Mapping[str, Any]) -> Params:
 def save(params: Mapping[str, Any], path) -> None:
   """Writes `params` in the published format; `load` reads it back exactly.
 
-  The file appears atomically (written beside `path`, then renamed). Empty
+  `path` may be local or in a bucket (gs://). The file appears atomically
+  (written beside `path`, then renamed). Empty
   dicts (parameter-less modules) are not stored; `inspect_params` restores
   them. Scanned blocks are written one per block.
   """
@@ -169,17 +171,7 @@ def save(params: Mapping[str, Any], path) -> None:
     if value.dtype.kind not in 'biufc':
       raise ValueError(f'Cannot save {key!r} of dtype {value.dtype}: cast it '
                        'to a numpy float type (e.g. float32) first.')
-  tmp = f'{path}.tmp-{secrets.token_hex(6)}'
-  try:
-    with open(tmp, 'xb') as f:
-      np.savez(f, **flat)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  storage.write_atomic(path, lambda f: np.savez(f, **flat))
 
 
 # Checking a tree against the model.

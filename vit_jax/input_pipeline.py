@@ -8,11 +8,12 @@ exactly where step s left off, with no re-seen batches.
 
 import dataclasses
 import functools
-import os
 import socket
 from typing import Iterator
 
+from etils import epath
 import jax
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -44,7 +45,7 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   as the original release does, when `config.tfds_download` is set and the
   network answers; otherwise this fails within seconds, with instructions.
   """
-  if os.path.isdir(config.dataset):
+  if epath.Path(config.dataset).is_dir():  # local, or in a bucket
     return tfds.ImageFolder(config.dataset)
   try:
     builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
@@ -150,50 +151,61 @@ def _decode(features, channels):
   return image, features['label']
 
 
-def _read_process_share(builder, split):
-  """This process's share of `split`, images still encoded (cheap buffers)."""
-  nproc, index = jax.process_count(), jax.process_index()
+def _stream_seeds(seed: int):
+  """(shuffle, augmentation) seeds of the run's training stream.
+
+  Stateless fold-ins keep the random streams of epochs (the shuffles) and of
+  examples (the augmentations) apart.
+  """
+  stream_seed = tf.random.experimental.stateless_fold_in(  # (0: as before)
+      tf.constant([seed, 0], tf.int64), 0)
+  return tuple(tf.random.experimental.stateless_fold_in(stream_seed, i)
+               for i in range(2))
+
+
+def _read_encoded(builder, split):
+  """All of `split`, images still encoded (cheap buffers), in a fixed order."""
   read = lambda split: builder.as_dataset(
       split=split, shuffle_files=False,
       decoders={'image': tfds.decode.SkipDecoding()},
       read_config=tfds.ReadConfig(add_tfds_id=False))
   if not isinstance(builder, tfds.ImageFolder):
-    return read(tfds.split_for_jax_process(split, drop_remainder=False))
+    return read(split)
   parts = [read(name).skip(start).take(stop - start)
            for name, start, stop in _folder_parts(builder, split)]
-  ds = functools.reduce(lambda a, b: a.concatenate(b), parts)
-  return ds.shard(nproc, index) if nproc > 1 else ds
+  return functools.reduce(lambda a, b: a.concatenate(b), parts)
 
 
-def _stream_seeds(seed: int):
-  """(shuffle, augmentation) seeds of this process's training stream.
-
-  Stateless fold-ins keep the random streams of processes, of epochs (the
-  shuffles) and of examples (the augmentations) apart.
-  """
-  process_seed = tf.random.experimental.stateless_fold_in(
-      tf.constant([seed, 0], tf.int64), jax.process_index())
-  return tuple(tf.random.experimental.stateless_fold_in(process_seed, i)
-               for i in range(2))
+def _read_process_share(builder, split):
+  """This process's share of `split` (for evaluation), images encoded."""
+  if not isinstance(builder, tfds.ImageFolder):
+    return _read_encoded(builder,
+                         tfds.split_for_jax_process(split, drop_remainder=False))
+  ds = _read_encoded(builder, split)
+  nproc = jax.process_count()
+  return ds.shard(nproc, jax.process_index()) if nproc > 1 else ds
 
 
 def train_iterator(info: DatasetInfo, config, *, batch_size: int,
-                   start_step: int = 0) -> Iterator[dict]:
-  """Yields this process's training batches from step `start_step` on.
+                   start_step: int = 0, rows=None) -> Iterator[dict]:
+  """Yields this process's rows of the global training batches.
+
+  Every process reads the same global stream (the whole split, encoded) and
+  decodes only its rows of each batch, so the stream does not depend on the
+  number of processes: a run resumes exactly on another topology.
 
   Args:
     info: from `get_dataset_info`.
     config: the experiment config (pp, shuffle_buffer, seed, prefetch).
-    batch_size: examples per batch on this process.
+    batch_size: examples per global batch.
     start_step: batches already consumed (when resuming).
+    rows: this process's rows of each global batch, increasing (default all).
   """
-  base = _read_process_share(info.builder, config.pp.train)
-  n = int(base.cardinality())
-  if n < 0:
-    n = int(base.reduce(0, lambda count, _: count + 1))
+  base = _read_encoded(info.builder, config.pp.train)
+  n = info.num_train
   if n < batch_size:
-    raise ValueError(f'Split {config.pp.train!r} has {n} examples on this '
-                     f'process, fewer than the batch of {batch_size}.')
+    raise ValueError(f'Split {config.pp.train!r} has {n} examples, fewer '
+                     f'than the batch of {batch_size}.')
   first_epoch, offset = divmod(start_step * batch_size, n)
   shuffle_seed, augment_seed = _stream_seeds(config.seed)
 
@@ -206,6 +218,10 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
 
   ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
   ds = ds.enumerate(start=first_epoch * n).skip(offset)
+  rows = list(range(batch_size)) if rows is None else list(rows)
+  mine = tf.constant(np.isin(np.arange(batch_size), rows))
+  # Batches start at multiples of batch_size: the row is position % batch.
+  ds = ds.filter(lambda position, _: mine[position % batch_size])
 
   def process(position, features):
     image, label = _decode(features, info.channels)
@@ -215,7 +231,7 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
             'label': tf.one_hot(label, info.num_classes)}
 
   ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(batch_size, drop_remainder=True)
+  ds = ds.batch(len(rows), drop_remainder=True)
   return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
 
 

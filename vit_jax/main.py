@@ -21,7 +21,16 @@ config_flags.DEFINE_config_file(
     lock_config=True)
 flags.DEFINE_string('workdir', None, 'Checkpoints and TensorBoard events.')
 flags.DEFINE_bool('distributed', False,
-                  'Call jax.distributed.initialize() (multi-host runs).')
+                  'Call jax.distributed.initialize() (multi-host runs); with no'
+                  ' flags below, the cluster is detected (TPU VMs, SLURM, Open'
+                  ' MPI, Kubernetes).')
+flags.DEFINE_string('coordinator_address', None,
+                    'HOST:PORT of process 0 (explicit multi-host setups).')
+flags.DEFINE_integer('num_processes', None, 'Processes in the run.')
+flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
+flags.DEFINE_integer('heartbeat_timeout', 100,
+                     'Seconds without heartbeats after which a process counts '
+                     'as lost and every other process stops with an error.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -32,7 +41,10 @@ def main(argv):
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # progress lines are printed
   if FLAGS.distributed:
-    jax.distributed.initialize()
+    jax.distributed.initialize(
+        coordinator_address=FLAGS.coordinator_address,
+        num_processes=FLAGS.num_processes, process_id=FLAGS.process_id,
+        heartbeat_timeout_seconds=FLAGS.heartbeat_timeout)
   logging.info('JAX process %d/%d, devices %s', jax.process_index(),
                jax.process_count(), jax.devices())
   if FLAGS.config.trainer == 'inference_time':

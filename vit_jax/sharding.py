@@ -85,3 +85,10 @@ def tree_shardings(tree, mesh: Mesh, rules=(), strategy: str = 'replicate'):
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Batches are split on their leading axis over the `data` axis."""
   return NamedSharding(mesh, P('data'))
+
+
+def process_rows(mesh: Mesh, batch: int) -> list:
+  """The rows of a global batch that this process's devices hold."""
+  shards = batch_sharding(mesh).addressable_devices_indices_map((batch,))
+  return sorted({row for index in shards.values()
+                 for row in range(*index[0].indices(batch))})

@@ -7,7 +7,6 @@ As flax's imagenet example: `create_train_state`, pure `train_step` and
 import datetime
 import functools
 import json
-import os
 import signal
 import threading
 import time
@@ -15,6 +14,7 @@ import time
 from absl import logging
 import chex
 from clu import metric_writers
+from etils import epath
 from flax.training import train_state
 import jax
 from jax.experimental import multihost_utils
@@ -30,6 +30,7 @@ from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import models_vit
 from vit_jax import sharding
+from vit_jax import storage
 
 TrainState = train_state.TrainState
 
@@ -44,7 +45,7 @@ def pretrained_path(config):
   if config.pretrained_path:
     return config.pretrained_path
   if config.pretrained_dir:
-    return os.path.join(config.pretrained_dir, f'{config.model_name}.npz')
+    return storage.join(config.pretrained_dir, f'{config.model_name}.npz')
   return None
 
 
@@ -203,8 +204,8 @@ def create_train_state(config, model, mesh, manager):
     return (_restore(manager, abstract, shardings), shardings,
             manager.latest_step())
   path = pretrained_path(config)
-  if path and not os.path.exists(path):
-    raise FileNotFoundError(f'Pretrained checkpoint {path} does not exist.')
+  if path:
+    storage.local_copy(path)  # fails fast; fetched once if remote
   state = jax.jit(init, out_shardings=shardings)()
   if path:
     state = _fine_tune_from(path, state, config, shardings)
@@ -228,38 +229,52 @@ def make_step_fns(config, mesh, shardings):
 # The loop's pieces.
 
 
-def _global_batches(batches, mesh):
+def _global_batches(batches, mesh, batch_size):
   """Host batches -> global arrays split over the mesh's `data` axis."""
   data = sharding.batch_sharding(mesh)
   for batch in batches:
-    yield jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(data, x), batch)
+    yield jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+        data, x, (batch_size,) + x.shape[1:]), batch)
 
 
 def _train_batches(info, config, mesh, start_step):
   """Global micro-batches from update `start_step` on."""
   micro_batch = config.batch // config.accum_steps
   return _global_batches(input_pipeline.train_iterator(
-      info, config, batch_size=input_pipeline.host_batch_size(micro_batch),
-      start_step=start_step * config.accum_steps), mesh)
+      info, config, batch_size=micro_batch,
+      rows=sharding.process_rows(mesh, micro_batch),
+      start_step=start_step * config.accum_steps), mesh, micro_batch)
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop checks, so it can save first."""
+  """A SIGTERM to any process makes every process save the same step, then stop.
+
+  With several processes, JAX's preemption sync point names the step (the
+  coordination service hears of the signal and picks a step all reach);
+  alone, a SIGTERM handler sets a flag the loop checks.
+  """
 
   def __init__(self):
-    self.requested = False
+    self._requested = False
     self._previous = None
+    self._synced = jax.process_count() > 1
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    if (not self._synced and
+        threading.current_thread() is threading.main_thread()):
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     return self
 
   def _handle(self, signum, frame):
     del signum, frame
     logging.warning('SIGTERM: saving a checkpoint, then stopping.')
-    self.requested = True
+    self._requested = True
+
+  def reached(self, step: int) -> bool:
+    """Whether to save and stop after `step`; called once per step."""
+    if self._synced:
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._requested
 
   def __exit__(self, *exc):
     if self._previous is not None:
@@ -334,7 +349,7 @@ def evaluate(eval_fn, state, info, config, mesh):
   batches = input_pipeline.eval_batches(
       info, config,
       batch_size=input_pipeline.host_batch_size(config.batch_eval))
-  for batch in _global_batches(batches, mesh):
+  for batch in _global_batches(batches, mesh, config.batch_eval):
     out = eval_fn(state, batch)
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   totals = jax.device_get(totals)
@@ -359,7 +374,7 @@ def _every(step: int, period: int) -> bool:
 
 def finish(config, workdir, params, result, seconds):
   """Exports the final parameters as .npz and writes `results.json`."""
-  export_npz(params, os.path.join(workdir, f'{config.model_name}.npz'))
+  export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
   step = config.total_steps
   _write_results(workdir, result, step=step, seconds_since_start=seconds)
   print(f'Done: {step} steps, test accuracy {result["accuracy"]:.4f}, '
@@ -382,7 +397,7 @@ def _setup(config, workdir, max_to_keep=None):
   info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
                                          config)
   manager = ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), 'checkpoints'),
+      storage.join(storage.absolute(workdir), 'checkpoints'),
       item_handlers=ocp.StandardCheckpointHandler(),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep))
   return mesh, info, manager
@@ -391,9 +406,10 @@ def _setup(config, workdir, max_to_keep=None):
 def _write_results(workdir, result, **extra):
   """`{workdir}/results.json` (process 0)."""
   if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    with open(os.path.join(workdir, 'results.json'), 'w') as f:
-      json.dump(dict(result, **extra), f)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    text = json.dumps(dict(result, **extra))
+    storage.write_atomic(storage.join(workdir, 'results.json'),
+                         lambda f: f.write(text.encode()))
 
 
 def _checkpoint_params(config, abstract_params, path):
@@ -467,9 +483,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       for _ in range(config.accum_steps):
         state, metrics = train_fn(state, next(batches))
         progress.add(metrics['loss'])
-      last = step == config.total_steps
-      save = last or preemption.requested or _every(step,
-                                                    config.checkpoint_every)
+      last, preempted = step == config.total_steps, preemption.reached(step)
+      save = last or preempted or _every(step, config.checkpoint_every)
       if save or _every(step, config.progress_every):
         _report(progress, step, manager)
       if last or _every(step, config.eval_every):
@@ -478,7 +493,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
         progress.restart_clock()
       if save:
         manager.save(step, args=ocp.args.StandardSave(state), force=True)
-      if preemption.requested:
+      if preempted:
         break
 
   progress.close()

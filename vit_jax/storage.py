@@ -1,0 +1,114 @@
+"""Paths that may be local, in a bucket (gs://, s3://) or at a URL (https://).
+
+Everything a user names goes through `etils.epath`, as Orbax and tfds do.
+Checkpoints that live elsewhere are streamed once into a local cache, where
+numpy can read them.
+"""
+
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import urllib.request
+
+from etils import epath
+
+CACHE_DIR = os.environ.get('VIT_JAX_CACHE',
+                           os.path.expanduser('~/.cache/vit_jax'))
+_URL = re.compile(r'https?://', re.IGNORECASE)
+_REMOTE = re.compile(r'[a-z][a-z0-9+.-]*://', re.IGNORECASE)
+
+
+def is_remote(path) -> bool:
+  """Whether `path` is a URL or a bucket path rather than a local file."""
+  return bool(_REMOTE.match(os.fspath(path)))
+
+
+def absolute(path) -> str:
+  """`path` as an absolute local path, or unchanged if remote."""
+  path = os.fspath(path)
+  return path if is_remote(path) else os.path.abspath(path)
+
+
+def join(base, name: str) -> str:
+  """`base/name`, keeping a URL's `//` (which epath.Path would fold)."""
+  base = os.fspath(base)
+  return f'{base.rstrip("/")}/{name}' if is_remote(base) else os.path.join(
+      base, name)
+
+
+def _fetch_url(url: str, dst: str, timeout: float):
+  try:
+    with urllib.request.urlopen(url, timeout=timeout) as src, \
+        open(dst, 'wb') as out:
+      shutil.copyfileobj(src, out, length=1 << 20)
+  except OSError as e:  # URLError and socket timeouts are OSErrors
+    raise FileNotFoundError(f'Cannot download {url}: {e}') from e
+
+
+def _version(path: str) -> str:
+  """A bucket file's size and time (a rewritten file is fetched again)."""
+  if _URL.match(path):
+    return ''  # published files do not change
+  src = epath.Path(path)
+  if not src.is_file():
+    raise FileNotFoundError(f'Checkpoint file not found: {path}')
+  stat = src.stat()
+  return f'{stat.length}-{stat.mtime}'
+
+
+def _fetch_path(path: str, dst: str):
+  with epath.Path(path).open('rb') as f, open(dst, 'wb') as out:
+    shutil.copyfileobj(f, out, length=1 << 20)
+
+
+def local_copy(path, timeout: float = 60.) -> str:
+  """A local file with the contents of `path`; remote files are cached once.
+
+  The cache (`$VIT_JAX_CACHE`, default ~/.cache/vit_jax) is keyed by the
+  path (and a bucket file's size and time); a copy appears atomically, so
+  processes sharing a disk may race.
+  """
+  path = os.fspath(path)
+  if not is_remote(path):
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f'Checkpoint file not found: {path}')
+    return path
+  key = hashlib.sha256(f'{path}|{_version(path)}'.encode()).hexdigest()[:16]
+  name = re.sub(r'[^\w.-]', '_', path.rstrip('/').rsplit('/', 1)[-1])
+  cached = os.path.join(CACHE_DIR, f'{key}-{name}')
+  if os.path.isfile(cached):
+    return cached
+  os.makedirs(CACHE_DIR, exist_ok=True)
+  tmp = f'{cached}.tmp-{secrets.token_hex(6)}'
+  try:
+    if _URL.match(path):
+      _fetch_url(path, tmp, timeout)
+    else:
+      _fetch_path(path, tmp)
+    os.replace(tmp, cached)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return cached
+
+
+def write_atomic(path, write) -> None:
+  """Calls `write(file)` on a temporary file beside `path`, then renames it.
+
+  Local files are synced to disk before the rename, so a crash leaves the
+  old file or the new one, never a torn one.
+  """
+  path = epath.Path(path)
+  tmp = path.parent / f'{path.name}.tmp-{secrets.token_hex(6)}'
+  try:
+    with tmp.open('wb') as f:
+      write(f)
+      if not is_remote(path):
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
