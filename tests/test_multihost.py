@@ -1,0 +1,160 @@
+"""Several JAX processes on 127.0.0.1, as on a pod: `vit_jax.main --distributed`.
+
+A run with 2 processes of 4 CPU devices each must match 1 process with 8,
+resume across the two topologies, agree on the step to save when only one
+process gets SIGTERM, and stop in bounded time when a process is lost.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from configs import default
+from vit_jax import input_pipeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 60
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _command(workdir, fmnist_dirs, extra=()):
+  manual, data = fmnist_dirs
+  return [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
+          f'--workdir={workdir}', f'--config.tfds_manual_dir={manual}',
+          f'--config.tfds_data_dir={data}', '--config.batch=32',
+          '--config.batch_eval=16', f'--config.total_steps={STEPS}',
+          '--config.warmup_steps=5', '--config.checkpoint_every=10',
+          '--config.progress_every=5', '--config.eval_every=0',
+          '--config.shuffle_buffer=100', *extra]
+
+
+def _start(workdir, fmnist_dirs, num_processes, extra=()):
+  """Starts the run's processes; their output goes to files in `workdir`."""
+  os.makedirs(workdir, exist_ok=True)
+  port, procs = _free_port(), []
+  for i in range(num_processes):
+    flags = list(extra)
+    if num_processes > 1:
+      flags += ['--distributed', f'--coordinator_address=127.0.0.1:{port}',
+                f'--num_processes={num_processes}', f'--process_id={i}']
+    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count='
+               f'{8 // num_processes}')
+    out = open(os.path.join(workdir, f'log{i}.txt'), 'a')
+    procs.append(subprocess.Popen(
+        _command(workdir, fmnist_dirs, flags), cwd=ROOT, env=env, text=True,
+        stdout=out, stderr=subprocess.STDOUT))
+  return procs
+
+
+def _log(workdir, i=0) -> str:
+  with open(os.path.join(workdir, f'log{i}.txt')) as f:
+    return f.read()
+
+
+def _wait(procs, timeout=300):
+  for p in procs:
+    p.wait(timeout=timeout)
+  return [p.returncode for p in procs]
+
+
+def _run(workdir, fmnist_dirs, num_processes):
+  codes = _wait(_start(workdir, fmnist_dirs, num_processes))
+  assert codes == [0] * num_processes, _log(workdir)
+
+
+def _signal_when(procs, workdir, line, target, sig):
+  """Sends `sig` to `procs[target]` once process 0 has printed `line`."""
+  deadline = time.time() + 300
+  while line not in _log(workdir):
+    assert time.time() < deadline and procs[0].poll() is None, _log(workdir)
+    time.sleep(0.2)
+  procs[target].send_signal(sig)
+
+
+def _assert_same_params(workdir, reference):
+  expected = np.load(os.path.join(reference, 'ViT-fmnist.npz'))
+  got = np.load(os.path.join(workdir, 'ViT-fmnist.npz'))
+  assert sorted(got.files) == sorted(expected.files)
+  for key in expected.files:
+    if key.endswith('key/bias'):
+      # Softmax ignores a bias added to every key: its true gradient is 0 and
+      # AdamW scales float noise (which depends on the reduction order) up.
+      assert np.abs(got[key]).max() < 1e-4, key
+      continue
+    np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)
+
+
+@pytest.fixture(scope='module')
+def reference(fmnist_dirs, tmp_path_factory):
+  """An uninterrupted run: 1 process, 8 devices (data prepared once first)."""
+  config = default.get_config()
+  config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
+  input_pipeline.get_builder(config)
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  _run(workdir, fmnist_dirs, 1)
+  return workdir
+
+
+def test_two_processes_equal_one(reference, fmnist_dirs, tmp_path):
+  _run(str(tmp_path), fmnist_dirs, 2)
+  _assert_same_params(str(tmp_path), reference)
+  with open(tmp_path / 'results.json') as f:
+    two = json.load(f)
+  with open(os.path.join(reference, 'results.json')) as f:
+    one = json.load(f)
+  assert two['count'] == one['count'] == 37  # every test image, once
+  assert two['accuracy'] == one['accuracy']
+
+
+def test_sigterm_to_one_process_then_resume_on_one(reference, fmnist_dirs,
+                                                     tmp_path):
+  """Both save the step the sync point names; 1 process finishes the run."""
+  workdir = str(tmp_path)
+  procs = _start(workdir, fmnist_dirs, 2)
+  _signal_when(procs, workdir, '[10/', target=1, sig=signal.SIGTERM)
+  assert _wait(procs) == [0, 0], _log(workdir, 1)
+  saved = {_log(workdir, i).split('Preempted: saved step ')[1].split()[0]
+           for i in range(2)}
+  assert len(saved) == 1, saved
+  assert int(saved.pop()) < STEPS
+  _run(workdir, fmnist_dirs, 1)
+  _assert_same_params(workdir, reference)
+
+
+def test_one_process_checkpoint_resumes_on_two(reference, fmnist_dirs,
+                                                tmp_path):
+  workdir = str(tmp_path)
+  procs = _start(workdir, fmnist_dirs, 1)
+  _signal_when(procs, workdir, '[10/', target=0, sig=signal.SIGTERM)
+  assert _wait(procs) == [0] and 'Preempted' in _log(workdir)
+  _run(workdir, fmnist_dirs, 2)
+  _assert_same_params(workdir, reference)
+
+
+def test_lost_process_stops_the_others(reference, fmnist_dirs, tmp_path):
+  """kill -9 of process 1: process 0 stops within the heartbeat timeout,
+  naming the lost process, and the last complete checkpoint resumes."""
+  workdir = str(tmp_path)
+  procs = _start(workdir, fmnist_dirs, 2, ['--heartbeat_timeout=5'])
+  _signal_when(procs, workdir, '[25/', target=1, sig=signal.SIGKILL)
+  killed = time.time()
+  procs[0].wait(timeout=120)
+  assert time.time() - killed < 60
+  assert procs[0].returncode != 0
+  log = _log(workdir)
+  assert 'tasks are unhealthy' in log and '\n1\n' in log, log[-2000:]
+  _run(workdir, fmnist_dirs, 1)
+  _assert_same_params(workdir, reference)
