@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import urllib.request
 
 from etils import epath
@@ -98,14 +99,20 @@ def write_atomic(path, write) -> None:
   """Calls `write(file)` on a temporary file beside `path`, then renames it.
 
   Local files are synced to disk before the rename, so a crash leaves the
-  old file or the new one, never a torn one.
+  old file or the new one, never a torn one. For a bucket the file is
+  written locally first (zip writers seek, bucket files cannot).
   """
   path = epath.Path(path)
   tmp = path.parent / f'{path.name}.tmp-{secrets.token_hex(6)}'
   try:
-    with tmp.open('wb') as f:
-      write(f)
-      if not is_remote(path):
+    if is_remote(path):
+      with tempfile.TemporaryFile() as local, tmp.open('wb') as f:
+        write(local)
+        local.seek(0)
+        shutil.copyfileobj(local, f, length=1 << 20)
+    else:
+      with tmp.open('wb') as f:
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
