@@ -60,6 +60,34 @@ def test_train_deterministic_and_seeded(tiny_config):
   assert not np.allclose(a[0]['image'], c[0]['image'])
 
 
+def test_process_rows_split_the_global_stream(tiny_config):
+  """Two processes' rows (3 of them across an epoch boundary) put together
+  are the global batches, whatever the split of rows."""
+  info = _info(tiny_config)
+  full = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8,
+                                             start_step=10), 4)
+  for rows in ([0, 1, 2, 3], [0, 2, 5, 7]):
+    other = [r for r in range(8) if r not in rows]
+    mine = _take(input_pipeline.train_iterator(
+        info, tiny_config, batch_size=8, start_step=10, rows=rows), 4)
+    theirs = _take(input_pipeline.train_iterator(
+        info, tiny_config, batch_size=8, start_step=10, rows=other), 4)
+    for x, a, b in zip(full, mine, theirs):
+      np.testing.assert_array_equal(x['image'][rows], a['image'])
+      np.testing.assert_array_equal(x['image'][other], b['image'])
+      np.testing.assert_array_equal(x['label'][other], b['label'])
+
+
+def test_process_rows_follow_the_mesh():
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh([('data', -1)])
+  assert sharding.process_rows(mesh, 16) == list(range(16))  # one process
+  mesh = sharding.make_mesh([('data', 2), ('model', -1)])
+  assert sharding.process_rows(mesh, 4) == [0, 1, 2, 3]
+  assert jax.process_count() == 1
+
+
 def test_resume_continues_the_stream(tiny_config):
   """Starting at step k gives batches k, k+1, ... of a fresh stream, across
   epoch boundaries (96 examples = 12 batches of 8 an epoch)."""
