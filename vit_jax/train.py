@@ -361,7 +361,8 @@ def finish(config, workdir, params, result, seconds):
   """Exports the final parameters as .npz and writes `results.json`."""
   export_npz(params, os.path.join(workdir, f'{config.model_name}.npz'))
   step = config.total_steps
-  _write_results(workdir, result, step=step, seconds_since_start=seconds)
+  _write_results(config, workdir, result, step=step,
+                 seconds_since_start=seconds)
   print(f'Done: {step} steps, test accuracy {result["accuracy"]:.4f}, '
         f'{seconds:.0f} s since start or resume.', flush=True)
 
@@ -388,12 +389,15 @@ def _setup(config, workdir, max_to_keep=None):
   return mesh, info, manager
 
 
-def _write_results(workdir, result, **extra):
-  """`{workdir}/results.json` (process 0)."""
+def _write_results(config, workdir, result, **extra):
+  """`{workdir}/results.json` (process 0), naming the model and dataset
+  for `scripts/collect_results.py`."""
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, 'results.json'), 'w') as f:
-      json.dump(dict(result, **extra), f)
+      json.dump(dict(result, model_name=config.model_name,
+                     dataset=config.dataset,
+                     pretrained=pretrained_path(config), **extra), f)
 
 
 def _checkpoint_params(config, abstract_params, path):
@@ -439,7 +443,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str):
   source = path or f'step {step} of {workdir}'
   print(f'{source}: test accuracy {result["accuracy"]:.4f}  loss '
         f'{result["loss"]:.4f}  ({result["count"]} examples)', flush=True)
-  _write_results(workdir, result, step=step, checkpoint=source)
+  _write_results(config, workdir, result, step=step, checkpoint=source)
   return result
 
 
