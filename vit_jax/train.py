@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 import tqdm.auto
 
 from vit_jax import checkpoint
+from vit_jax import fewshot
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import models_vit
@@ -124,7 +125,7 @@ def validate_config(config, num_devices_data: int):
   choices = {'optimizer': ('sgd', 'adamw'),
              'loss': ('softmax_xent', 'sigmoid_xent'),
              'decay_type': ('cosine', 'linear'),
-             'trainer': ('train', 'inference_time', 'evaluate'),
+             'trainer': ('train', 'inference_time', 'evaluate', 'fewshot'),
              'sharding_strategy': sharding.STRATEGIES,
              'momentum_dtype': ('float32', 'bfloat16')}
   for key, allowed in choices.items():
@@ -463,6 +464,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       workdir, just_logging=jax.process_index() > 0)
   if start == 0:
     writer.write_hparams(config.to_dict())
+  fewshot_eval = (fewshot.Evaluator(config, mesh) if config.fewshot.every
+                  else None)
   batches = _train_batches(info, config, mesh, start)
   progress, result = Progress(config, writer, start), {}
   t_start = time.perf_counter()
@@ -479,6 +482,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       if last or _every(step, config.eval_every):
         result = _evaluate_and_report(eval_fn, state, info, config, mesh,
                                       writer, step)
+        progress.restart_clock()
+      if fewshot_eval and (last or _every(step, config.fewshot.every)):
+        result = dict(result, **fewshot_eval.report(state.params, writer,
+                                                    step))
         progress.restart_clock()
       if save:
         manager.save(step, args=ocp.args.StandardSave(state), force=True)
