@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.resize = ml_collections.config_dict.placeholder(int) # eval: resize to this, then central crop
   config.pp.area_min = 0.05  # inception crop: smallest area kept
   config.pp.flip = True  # random horizontal flips in training
+  config.pp.label = ''  # a vit_jax.task_labels task; '' is the feature 'label'
 
   config.model_name = ''  # set with `with_model`, as config.model
   # Fine-tune from `pretrained_path`, or `{pretrained_dir}/{model_name}.npz`
