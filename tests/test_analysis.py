@@ -175,10 +175,10 @@ def test_learn2d_embeddings_concatenate_row_and_column():
 
 def test_filter_components_recover_the_directions():
   u = np.zeros(8)
-  u[[1, 6]] = [1, -1]
+  u[[0, 1]] = [1, -1]  # pixel 0: channel 0 minus channel 1
   u /= np.linalg.norm(u)
   v = np.zeros(8)
-  v[[0, 2, 4]] = [-3, 1, 1]
+  v[[2, 4, 6]] = [-3, 1, 1]  # pixels 1, 2, 3, channel 0
   v /= np.linalg.norm(v)
   a = np.array([3., -3, 3, -3])  # zero-mean, orthogonal coefficients
   b = np.array([1., 1, -1, -1])
@@ -188,6 +188,14 @@ def test_filter_components_recover_the_directions():
   np.testing.assert_allclose(variance, [.9, .1])
   np.testing.assert_allclose(components[0].ravel(), u, atol=1e-12)
   np.testing.assert_allclose(components[1].ravel(), -v, atol=1e-12)
+  # Gray: summed over the channels, u cancels; v alone is left.
+  components, variance = embeddings.filter_components(kernel, count=1,
+                                                      gray=True)
+  assert components.shape == (1, 2, 2, 1)
+  np.testing.assert_allclose(variance, [1.])
+  np.testing.assert_allclose(components[0].ravel(),
+                             np.array([0, 3, -1, -1]) / np.sqrt(11),
+                             atol=1e-12)
 
 
 # The figures and the command line.

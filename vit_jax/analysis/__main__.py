@@ -23,7 +23,6 @@ import numpy as np
 from ml_collections import config_flags
 import tensorflow as tf
 
-from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import predict
 from vit_jax.analysis import paper_figures
@@ -38,6 +37,8 @@ flags.DEFINE_string('out', None, 'Folder for the figures.', required=True)
 flags.DEFINE_integer('num_images', 128,
                      'Dataset or noise images for the attention distance.')
 flags.DEFINE_integer('rollout_images', 8, 'Images in the rollout figure.')
+flags.DEFINE_bool('gray', False, 'The model was trained on gray images: '
+                  'sum its filters over the colour channels first.')
 
 
 def model_config():
@@ -51,19 +52,6 @@ def model_config():
   return models.MODEL_CONFIGS[FLAGS.model_name]
 
 
-def dataset_images(config, size, count):
-  """The first `count` test images of `config.dataset`, at `size`."""
-  config = config.unlock()
-  config.pp.crop, config.pp.resize = size, None
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
-                                         config)
-  images = []
-  for batch in input_pipeline.eval_batches(info, config, batch_size=count):
-    images.append(batch['image'][batch['mask'] > 0])
-    break
-  return np.concatenate(images)[:count]
-
-
 def inputs(paths, size):
   """(images, a note saying what they are)."""
   if paths:
@@ -71,7 +59,8 @@ def inputs(paths, size):
             f'the {len(paths)} image files given')
   if FLAGS.config is not None:
     where = f'{FLAGS.config.dataset}:{FLAGS.config.pp.test}'
-    return (dataset_images(FLAGS.config, size, FLAGS.num_images),
+    return (paper_figures.dataset_images(FLAGS.config, size,
+                                         FLAGS.num_images),
             f'the first {FLAGS.num_images} images of {where}')
   noise = np.random.default_rng(0).normal(0, .5, (FLAGS.num_images, size,
                                                   size, 3))
@@ -90,7 +79,7 @@ def main(argv):
   print(f'Attention figures from {note}; embedding figures from the '
         'parameters alone.', flush=True)
   results = paper_figures.analyze(model, params, images,
-                                  images[:FLAGS.rollout_images])
+                                  images[:FLAGS.rollout_images], FLAGS.gray)
   paths = paper_figures.write(results, FLAGS.out, {
       'checkpoint': FLAGS.checkpoint, 'attention_inputs': note})
   distance = results['mean_attention_distance']

@@ -50,12 +50,14 @@ def position_similarity(embeddings, grid) -> np.ndarray:
   return (e @ e.T).reshape(*grid, *grid)
 
 
-def filter_components(kernel, count=28):
+def filter_components(kernel, count=28, gray=False):
   """Principal components of the patch-embedding filters.
 
   Each of the D filters of the (ph, pw, channels, D) kernel is one sample;
   the components are the top eigenvectors of their covariance. Each sign is
-  chosen so that the component's largest entry is positive.
+  chosen so that the component's largest entry is positive. With `gray`
+  (inputs whose channels are equal) the filters are first summed over the
+  channels: the model sees nothing else of them.
 
   Returns:
     ((count, ph, pw, channels) components, (count,) explained variance ratio).
@@ -64,6 +66,8 @@ def filter_components(kernel, count=28):
   if kernel.ndim != 4:
     raise ValueError(f'Expected a (ph, pw, channels, D) kernel, got '
                      f'{kernel.shape}.')
+  if gray:
+    kernel = kernel.sum(axis=2, keepdims=True)
   filters = kernel.reshape(-1, kernel.shape[-1]).T
   filters = filters - filters.mean(axis=0)
   _, singular, vt = np.linalg.svd(filters, full_matrices=False)

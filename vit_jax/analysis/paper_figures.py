@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import models_vit
 from vit_jax import predict
@@ -47,6 +48,16 @@ def load_model(model_config, path):
   return model, params, size
 
 
+def dataset_images(config, size, count):
+  """The first `count` test images of `config.dataset`, at `size` px."""
+  config = config.copy_and_resolve_references().unlock()
+  config.pp.crop, config.pp.resize = size, None
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  batch = next(input_pipeline.eval_batches(info, config, batch_size=count))
+  return batch['image'][batch['mask'] > 0]
+
+
 def uniform_distance(grid, patch, prefix=1) -> float:
   """Mean attention distance if every token attends to all alike."""
   patches = grid[0] * grid[1]
@@ -56,7 +67,7 @@ def uniform_distance(grid, patch, prefix=1) -> float:
                                                  prefix)[0, 0])
 
 
-def analyze(model, params, images, rollout_images=None):
+def analyze(model, params, images, rollout_images=None, gray=False):
   """Every panel's numbers for `model` (a VisionTransformer).
 
   Args:
@@ -65,6 +76,8 @@ def analyze(model, params, images, rollout_images=None):
     images: (n, size, size, 3) for the mean attention distance.
     rollout_images: images for the rollout (default: the first 8 of
       `images`).
+    gray: the model was trained on gray images (see
+      `embeddings.filter_components`).
 
   Returns:
     A dict of numpy arrays and numbers (see `write`).
@@ -88,7 +101,7 @@ def analyze(model, params, images, rollout_images=None):
          'rollout_images': np.asarray(rollout_images), 'rollout_maps': maps}
   if model.resnet is None:  # a hybrid's filters see features, not pixels
     out['filters'], out['filter_variance'] = embeddings.filter_components(
-        params['embedding']['kernel'])
+        params['embedding']['kernel'], gray=gray)
   if model.posemb in ('learn', 'learn2d', 'sincos2d'):
     out['position_similarity'] = embeddings.position_similarity(
         embeddings.patch_position_embeddings(params, grid, model.posemb,
