@@ -41,8 +41,9 @@ TASKS = {
     'eurosat': ('eurosat/rgb:2.*.*', 'train[16200:16400]', 'train[21600:]',
                 ''),
     'resisc45': ('resisc45:3.*.*', 'train[18900:19100]', 'train[25200:]', ''),
-    'diabetic_retinopathy': ('diabetic_retinopathy_detection/btgraham-300:3.*.*',
-                             'validation[:200]', 'test', ''),
+    'diabetic_retinopathy': (
+        'diabetic_retinopathy_detection/btgraham-300:3.*.*',
+        'validation[:200]', 'test', ''),
     # Structured.
     'clevr_count': ('clevr:3.*.*', 'train[63000:63200]', 'validation',
                     'clevr_count_all'),
