@@ -146,6 +146,11 @@ def test_rollout_maps_upsample_to_the_image():
   weights = np.broadcast_to(np.eye(5), (1, 2, 1, 5, 5))
   maps = attention.rollout_maps(weights, (2, 2), (32, 32))
   assert maps.shape == (2, 32, 32)
+  np.testing.assert_array_equal(maps, 0)  # the class token reads only itself
+  weights = np.zeros((1, 1, 1, 5, 5))
+  weights[..., 4] = 1.  # every token reads the last patch
+  maps = attention.rollout_maps(weights, (2, 2), (2, 2))
+  np.testing.assert_allclose(maps[0], [[0, 0], [0, 1]], atol=1e-6)
 
 
 # Embeddings.

@@ -122,6 +122,6 @@ def rollout_maps(weights, grid, image_size, prefix=1) -> np.ndarray:
   """`rollout` as (batch, height, width) maps scaled to [0, 1] per image,
   upsampled (bilinear) from the patch grid to the image."""
   maps = rollout(weights, prefix).reshape(-1, *grid)
-  maps = maps / maps.max(axis=(1, 2), keepdims=True)
+  maps = maps / np.maximum(maps.max(axis=(1, 2), keepdims=True), 1e-12)
   return np.asarray(jax.image.resize(
       maps, (maps.shape[0], *image_size), 'bilinear'))
