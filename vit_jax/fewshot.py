@@ -138,7 +138,7 @@ class Evaluator:
       out = multihost_utils.process_allgather(
           self._apply(params, image), tiled=True)
       keep = np.asarray(batch['mask']) > 0
-      feats.append(np.asarray(out, np.float32)[:len(keep)][keep])
+      feats.append(np.asarray(out, np.float32)[keep])
       labels.append(np.argmax(batch['label'], -1)[keep])
     return np.concatenate(feats), np.concatenate(labels)
 
@@ -195,9 +195,8 @@ def evaluate_checkpoint(config, workdir):
     raise FileNotFoundError(
         'trainer=fewshot evaluates a checkpoint: set pretrained_path or '
         f'pretrained_dir to an existing .npz (got {path!r}).')
-  evaluator = Evaluator(config)  # checks the data before loading
   config, params = load_frozen(config, path)
-  evaluator.model = headless_model(config)
+  evaluator = Evaluator(config)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
   metrics = evaluator.report(params, writer, 0)
