@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.resize = ml_collections.config_dict.placeholder(int) # eval: resize to this, then central crop
   config.pp.area_min = 0.05  # inception crop: smallest area kept
   config.pp.flip = True  # random horizontal flips in training
+  config.pp.label = ''  # a vit_jax.task_labels task; '' is the feature 'label'
 
   config.model_name = ''  # set with `with_model`, as config.model
   # Fine-tune from `pretrained_path`, or `{pretrained_dir}/{model_name}.npz`
@@ -53,8 +54,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every = 1_000  # 0: only at the end
   config.max_to_keep = 3
   # 'train'; 'evaluate': a checkpoint's test accuracy, no training;
+  # 'fewshot': a checkpoint's few-shot linear accuracy (`fewshot` below);
   # 'inference_time': forward img/s, no data.
   config.trainer = 'train'
+  # Few-shot linear evaluation of the pre-logits (vit_jax/fewshot.py): in
+  # training every `every` steps (0: never), and for trainer='fewshot'.
+  config.fewshot = ml_collections.ConfigDict()
+  config.fewshot.every = 0
+  config.fewshot.dataset = ''  # a tfds name; '' is config.dataset
+  config.fewshot.train = 'train'  # split the shots are drawn from
+  config.fewshot.test = 'test'
+  config.fewshot.shots = (1, 5, 10, 25)
+  config.fewshot.seeds = 3  # numpy seeds 0 .. seeds-1 draw the shots
+  config.fewshot.l2_reg = 2.0**10  # fixed, as big_vision's and the paper's
 
   # Devices: [(axis, size)], one size may be -1; sharding rules are
   # [(regex over parameter paths, PartitionSpec tuple)], unmatched = replicated.

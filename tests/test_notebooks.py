@@ -40,3 +40,18 @@ def test_vit_jax_notebook(tmp_path):
   assert "'count': 20" in text  # the evaluation of the fine-tuned model
   assert os.path.exists(tmp_path / 'vit_jax_tour' / 'finetuned' /
                         'testing.npz')
+
+
+def test_attention_notebook(tmp_path):
+  out = tmp_path / 'out.ipynb'
+  papermill.execute_notebook(
+      os.path.join(ROOT, 'notebooks', 'attention.ipynb'), str(out),
+      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
+      execution_timeout=600)
+  text = _outputs(out)
+  assert '4 images of 32x32 px' in text
+  assert 'layer 0: ' in text
+  figures = tmp_path / 'vit_jax_attention' / 'figures'
+  assert sorted(os.listdir(figures)) == [
+      'analysis.json', 'attention_distance.png', 'filters.png',
+      'position_similarity.png', 'rollout.png']

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import local_datasets  # registers the offline builders
+from vit_jax import task_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ def get_dataset_info(builder, config) -> DatasetInfo:
                        f'{sorted(builder.info.splits)}.') from e
   return DatasetInfo(
       builder=builder,
-      num_classes=builder.info.features['label'].num_classes,
+      num_classes=task_labels.num_classes(config.pp.get('label'), builder),
       num_train=num_examples[config.pp.train],
       num_test=num_examples[config.pp.test],
       channels=builder.info.features['image'].shape[-1] or 3)
@@ -142,13 +143,15 @@ def preprocess_eval(image, pp):
   return tf.clip_by_value(image, -1.0, 1.0)
 
 
-def _decode(features, channels):
-  """Encoded image -> uint8 RGB (gray images get 3 equal channels)."""
+def _decode(features, channels, label=''):
+  """Encoded image -> uint8 RGB (gray images get 3 equal channels), and the
+  label: the feature 'label', or a `task_labels` task's."""
   image = tf.io.decode_image(features['image'], channels=channels,
                              expand_animations=False)
+  image, label = task_labels.apply(label, image, features)
   if channels == 1:
     image = tf.image.grayscale_to_rgb(image)
-  return image, features['label']
+  return image, label
 
 
 def _stream_seeds(seed: int):
@@ -224,7 +227,7 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
   ds = ds.filter(lambda position, _: mine[position % batch_size])
 
   def process(position, features):
-    image, label = _decode(features, info.channels)
+    image, label = _decode(features, info.channels, config.pp.get('label'))
     example_seed = tf.random.experimental.stateless_fold_in(augment_seed,
                                                             position)
     return {'image': preprocess_train(image, example_seed, config.pp),
@@ -245,7 +248,7 @@ def eval_batches(info: DatasetInfo, config, *, batch_size: int):
   num_batches = -(-largest_share // batch_size)
 
   def process(features):
-    image, label = _decode(features, info.channels)
+    image, label = _decode(features, info.channels, config.pp.get('label'))
     image = preprocess_eval(image, config.pp)
     return {'image': image, 'label': tf.one_hot(label, info.num_classes),
             'mask': tf.constant(1.0)}

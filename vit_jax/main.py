@@ -12,6 +12,7 @@ import jax
 from ml_collections import config_flags
 import tensorflow as tf
 
+from vit_jax import fewshot
 from vit_jax import inference_time
 from vit_jax import train
 
@@ -51,6 +52,8 @@ def main(argv):
     inference_time.inference_time(FLAGS.config, FLAGS.workdir)
   elif FLAGS.config.trainer == 'evaluate':
     train.evaluate_only(FLAGS.config, FLAGS.workdir)
+  elif FLAGS.config.trainer == 'fewshot':
+    fewshot.evaluate_checkpoint(FLAGS.config, FLAGS.workdir)
   else:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 import tqdm.auto
 
 from vit_jax import checkpoint
+from vit_jax import fewshot
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import models_vit
@@ -125,7 +126,7 @@ def validate_config(config, num_devices_data: int):
   choices = {'optimizer': ('sgd', 'adamw'),
              'loss': ('softmax_xent', 'sigmoid_xent'),
              'decay_type': ('cosine', 'linear'),
-             'trainer': ('train', 'inference_time', 'evaluate'),
+             'trainer': ('train', 'inference_time', 'evaluate', 'fewshot'),
              'sharding_strategy': sharding.STRATEGIES,
              'momentum_dtype': ('float32', 'bfloat16')}
   for key, allowed in choices.items():
@@ -376,7 +377,8 @@ def finish(config, workdir, params, result, seconds):
   """Exports the final parameters as .npz and writes `results.json`."""
   export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
   step = config.total_steps
-  _write_results(workdir, result, step=step, seconds_since_start=seconds)
+  _write_results(config, workdir, result, step=step,
+                 seconds_since_start=seconds)
   print(f'Done: {step} steps, test accuracy {result["accuracy"]:.4f}, '
         f'{seconds:.0f} s since start or resume.', flush=True)
 
@@ -403,11 +405,14 @@ def _setup(config, workdir, max_to_keep=None):
   return mesh, info, manager
 
 
-def _write_results(workdir, result, **extra):
-  """`{workdir}/results.json` (process 0)."""
+def _write_results(config, workdir, result, **extra):
+  """`{workdir}/results.json` (process 0), naming the model and dataset
+  for `scripts/collect_results.py`."""
   if jax.process_index() == 0:
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    text = json.dumps(dict(result, **extra))
+    text = json.dumps(dict(result, model_name=config.model_name,
+                           dataset=config.dataset,
+                           pretrained=pretrained_path(config), **extra))
     storage.write_atomic(storage.join(workdir, 'results.json'),
                          lambda f: f.write(text.encode()))
 
@@ -455,7 +460,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str):
   source = path or f'step {step} of {workdir}'
   print(f'{source}: test accuracy {result["accuracy"]:.4f}  loss '
         f'{result["loss"]:.4f}  ({result["count"]} examples)', flush=True)
-  _write_results(workdir, result, step=step, checkpoint=source)
+  _write_results(config, workdir, result, step=step, checkpoint=source)
   return result
 
 
@@ -475,6 +480,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       workdir, just_logging=jax.process_index() > 0)
   if start == 0:
     writer.write_hparams(config.to_dict())
+  fewshot_eval = (fewshot.Evaluator(config, mesh) if config.fewshot.every
+                  else None)
   batches = _train_batches(info, config, mesh, start)
   progress, result = Progress(config, writer, start), {}
   t_start = time.perf_counter()
@@ -490,6 +497,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       if last or _every(step, config.eval_every):
         result = _evaluate_and_report(eval_fn, state, info, config, mesh,
                                       writer, step)
+        progress.restart_clock()
+      if fewshot_eval and (last or _every(step, config.fewshot.every)):
+        result = dict(result, **fewshot_eval.report(state.params, writer,
+                                                    step))
         progress.restart_clock()
       if save:
         manager.save(step, args=ocp.args.StandardSave(state), force=True)

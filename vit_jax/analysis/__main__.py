@@ -1,0 +1,95 @@
+r"""The paper's Figures 6 and 7 for a checkpoint: four PNGs and analysis.json.
+
+  python -m vit_jax.analysis --model_name=ViT-B_16 --checkpoint=ViT-B_16.npz \
+      --out=/tmp/figures cat.jpg dog.png
+  python -m vit_jax.analysis --config=configs/default.py \
+      --checkpoint=/tmp/vit_default/ViT-fmnist.npz --out=/tmp/figures
+
+The model is a preset (`--model_name`) or a config file's (`--config`).
+Without image files the attention figures use the first `--num_images` test
+images of the config's dataset, or, with a preset alone, Gaussian noise;
+`analysis.json` says which. The embedding figures need no images.
+"""
+
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import numpy as np
+from ml_collections import config_flags
+import tensorflow as tf
+
+from vit_jax import models
+from vit_jax import predict
+from vit_jax.analysis import paper_figures
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
+config_flags.DEFINE_config_file(
+    'config', None, 'Experiment config (its model and dataset), instead of '
+    '--model_name.')
+flags.DEFINE_string('checkpoint', None, 'The .npz file.', required=True)
+flags.DEFINE_string('out', None, 'Folder for the figures.', required=True)
+flags.DEFINE_integer('num_images', 128,
+                     'Dataset or noise images for the attention distance.')
+flags.DEFINE_integer('rollout_images', 8, 'Images in the rollout figure.')
+flags.DEFINE_bool('gray', False, 'The model was trained on gray images: '
+                  'sum its filters over the colour channels first.')
+
+
+def model_config():
+  if (FLAGS.config is None) == (FLAGS.model_name is None):
+    raise app.UsageError('Give exactly one of --model_name and --config.')
+  if FLAGS.config is not None:
+    return FLAGS.config.model
+  if FLAGS.model_name not in models.MODEL_CONFIGS:
+    raise app.UsageError(f'Unknown model {FLAGS.model_name!r}; known: '
+                         f'{sorted(models.MODEL_CONFIGS)}.')
+  return models.MODEL_CONFIGS[FLAGS.model_name]
+
+
+def inputs(paths, size):
+  """(images, a note saying what they are)."""
+  if paths:
+    return (np.stack([predict.read_image(p, size) for p in paths]),
+            f'the {len(paths)} image files given')
+  if FLAGS.config is not None:
+    where = f'{FLAGS.config.dataset}:{FLAGS.config.pp.test}'
+    return (paper_figures.dataset_images(FLAGS.config, size,
+                                         FLAGS.num_images),
+            f'the first {FLAGS.num_images} images of {where}')
+  noise = np.random.default_rng(0).normal(0, .5, (FLAGS.num_images, size,
+                                                  size, 3))
+  return (np.clip(noise, -1, 1).astype(np.float32),
+          f'{FLAGS.num_images} Gaussian noise images (no images or dataset '
+          'given)')
+
+
+def main(argv):
+  tf.config.set_visible_devices([], 'GPU')  # TF only decodes images
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  config = model_config()
+  model, params, size = paper_figures.load_model(config, FLAGS.checkpoint)
+  images, note = inputs(argv[1:], size)
+  print(f'Attention figures from {note}; embedding figures from the '
+        'parameters alone.', flush=True)
+  results = paper_figures.analyze(model, params, images,
+                                  images[:FLAGS.rollout_images], FLAGS.gray)
+  paths = paper_figures.write(results, FLAGS.out, {
+      'checkpoint': FLAGS.checkpoint, 'attention_inputs': note})
+  distance = results['mean_attention_distance']
+  for layer, heads in enumerate(distance):
+    print(f'layer {layer}: mean attention distance (px) ' +
+          ' '.join(f'{d:.1f}' for d in heads))
+  print('Wrote ' + ', '.join(paths + [os.path.join(FLAGS.out,
+                                                   'analysis.json')]))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(app.run(main))

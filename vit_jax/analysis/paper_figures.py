@@ -1,0 +1,145 @@
+"""The paper's Figures 6 and 7 for one model: numbers, then PNGs.
+
+`load_model` reads an .npz for a model config; `analyze` computes every
+panel's numbers; `write` saves the four figures and `analysis.json`.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from vit_jax import checkpoint
+from vit_jax import input_pipeline
+from vit_jax import models
+from vit_jax import models_vit
+from vit_jax import predict
+from vit_jax.analysis import attention
+from vit_jax.analysis import embeddings
+from vit_jax.analysis import figures
+
+FIGURES = ('attention_distance', 'position_similarity', 'filters', 'rollout')
+
+
+def load_model(model_config, path):
+  """(model, params, image side) of the checkpoint at `path`.
+
+  The head and `pre_logits` sizes come from the checkpoint; the image side
+  from its position table (`predict.image_size`).
+  """
+  config = dict(model_config)
+  if config.get('resnet') is None and 'patches' not in config:
+    raise ValueError('Not a ViT model config (no `patches`).')
+  params = checkpoint.load(path)
+  head = params.get('head')
+  config['num_classes'] = head['kernel'].shape[-1] if head else None
+  if 'kernel' in params.get('pre_logits', {}):
+    config['representation_size'] = params['pre_logits']['kernel'].shape[-1]
+  size = predict.image_size(params, config)
+  config.pop('model_name', None)
+  model = models.VisionTransformer(**config)
+  expected = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
+      train=False))['params']
+  params = checkpoint.inspect_params(
+      params=checkpoint.scan_like(params, expected), expected=expected,
+      source=f'Checkpoint {path}')
+  return model, params, size
+
+
+def dataset_images(config, size, count):
+  """The first `count` test images of `config.dataset`, at `size` px."""
+  config = config.copy_and_resolve_references().unlock()
+  config.pp.crop, config.pp.resize = size, None
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  batch = next(input_pipeline.eval_batches(info, config, batch_size=count))
+  return batch['image'][batch['mask'] > 0]
+
+
+def uniform_distance(grid, patch, prefix=1) -> float:
+  """Mean attention distance if every token attends to all alike."""
+  patches = grid[0] * grid[1]
+  weights = np.full((1, 1, 1, prefix + patches, prefix + patches),
+                    1. / (prefix + patches))
+  return float(attention.mean_attention_distance(weights, grid, patch,
+                                                 prefix)[0, 0])
+
+
+def analyze(model, params, images, rollout_images=None, gray=False):
+  """Every panel's numbers for `model` (a VisionTransformer).
+
+  Args:
+    model: the model.
+    params: its parameters.
+    images: (n, size, size, 3) for the mean attention distance.
+    rollout_images: images for the rollout (default: the first 8 of
+      `images`).
+    gray: the model was trained on gray images (see
+      `embeddings.filter_components`).
+
+  Returns:
+    A dict of numpy arrays and numbers (see `write`).
+  """
+  cfg = {'patches': model.patches, 'resnet': model.resnet,
+         'classifier': model.classifier}
+  size = images.shape[1:3]
+  grid = models_vit.token_grid(cfg, size)
+  patch = attention.pixel_patch_size(cfg)
+  prefix = attention.num_prefix_tokens(cfg)
+  if rollout_images is None:
+    rollout_images = images[:8]
+  distance = attention.mean_attention_distance(
+      attention.attention_weights(model, params, images), grid, patch, prefix)
+  maps = attention.rollout_maps(
+      attention.attention_weights(model, params, rollout_images), grid,
+      rollout_images.shape[1:3], prefix)
+  out = {'grid': grid, 'patch_pixels': patch,
+         'mean_attention_distance': distance,
+         'uniform_attention_distance': uniform_distance(grid, patch, prefix),
+         'rollout_images': np.asarray(rollout_images), 'rollout_maps': maps}
+  if model.resnet is None:  # a hybrid's filters see features, not pixels
+    out['filters'], out['filter_variance'] = embeddings.filter_components(
+        params['embedding']['kernel'], gray=gray)
+  if model.posemb in ('learn', 'learn2d', 'sincos2d'):
+    out['position_similarity'] = embeddings.position_similarity(
+        embeddings.patch_position_embeddings(params, grid, model.posemb,
+                                             prefix), grid)
+  return out
+
+
+def write(results, out_dir, notes=None):
+  """Saves the figures (PNG) and `analysis.json`; returns the PNG paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  drawn = {
+      'attention_distance': lambda: figures.attention_distance(
+          results['mean_attention_distance'],
+          results['uniform_attention_distance']),
+      'rollout': lambda: figures.rollout(results['rollout_images'],
+                                         results['rollout_maps']),
+  }
+  if 'position_similarity' in results:
+    drawn['position_similarity'] = lambda: figures.position_similarity(
+        results['position_similarity'])
+  if 'filters' in results:
+    drawn['filters'] = lambda: figures.filters(results['filters'],
+                                               results['filter_variance'])
+  paths = []
+  for name in FIGURES:
+    if name in drawn:
+      paths.append(os.path.join(out_dir, f'{name}.png'))
+      figures.save(drawn[name](), paths[-1])
+  summary = {
+      'mean_attention_distance': results['mean_attention_distance'].tolist(),
+      'uniform_attention_distance': results['uniform_attention_distance'],
+      'grid': list(results['grid']),
+      'patch_pixels': list(results['patch_pixels']),
+      'figures': [os.path.basename(p) for p in paths],
+  }
+  if 'filter_variance' in results:
+    summary['filter_variance_ratio'] = results['filter_variance'].tolist()
+  summary.update(notes or {})
+  with open(os.path.join(out_dir, 'analysis.json'), 'w') as f:
+    json.dump(summary, f, indent=1)
+  return paths
