@@ -86,6 +86,10 @@ DATASET_PRESETS = {
                                                  test='test', crop=384)),
     'imagenet2012': dict(total_steps=20_000, pp=dict(
         train='train[:99%]', test='validation', crop=384)),
+    # ImageNet ReaL: evaluate an ImageNet checkpoint (trainer='evaluate');
+    # its one split, 'validation', stands in for the unused train split.
+    'imagenet2012_real': dict(pp=dict(train='validation', test='validation',
+                                      crop=384, label='imagenet2012_real')),
     'oxford_iiit_pet': dict(total_steps=500, warmup_steps=100, pp=dict(
         train='train[:90%]', test='test', crop=384)),
     'oxford_flowers102': dict(total_steps=500, warmup_steps=100, pp=dict(

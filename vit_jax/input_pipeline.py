@@ -238,6 +238,20 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
   return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
 
 
+def eval_example(features, *, info: DatasetInfo, pp):
+  """A test example: image, (multi-)hot label and mask.
+
+  A label may be a set (ImageNet ReaL): multi-hot, and an image without any
+  right answer has mask 0, as the ReaL paper scores it.
+  """
+  image, label = _decode(features, info.channels, pp.get('label'))
+  target, mask = tf.one_hot(label, info.num_classes), tf.constant(1.0)
+  if label.shape.rank == 1:  # a set of right answers
+    target = tf.minimum(tf.reduce_sum(target, 0), 1.0)
+    mask = tf.cast(tf.size(label) > 0, tf.float32)
+  return {'image': preprocess_eval(image, pp), 'label': target, 'mask': mask}
+
+
 def eval_batches(info: DatasetInfo, config, *, batch_size: int):
   """Test batches covering every example once; padding has mask 0.
 
@@ -247,14 +261,9 @@ def eval_batches(info: DatasetInfo, config, *, batch_size: int):
   largest_share = -(-info.num_test // jax.process_count())
   num_batches = -(-largest_share // batch_size)
 
-  def process(features):
-    image, label = _decode(features, info.channels, config.pp.get('label'))
-    image = preprocess_eval(image, config.pp)
-    return {'image': image, 'label': tf.one_hot(label, info.num_classes),
-            'mask': tf.constant(1.0)}
-
   ds = _read_process_share(info.builder, config.pp.test).map(
-      process, num_parallel_calls=tf.data.AUTOTUNE)
+      functools.partial(eval_example, info=info, pp=config.pp),
+      num_parallel_calls=tf.data.AUTOTUNE)
   pad = {k: tf.zeros(v.shape, v.dtype) for k, v in ds.element_spec.items()}
   ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat())
   ds = ds.take(num_batches * batch_size).batch(batch_size)

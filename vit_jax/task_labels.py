@@ -1,4 +1,4 @@
-"""Labels that VTAB's structured tasks derive from tfds features.
+"""Labels that VTAB's structured tasks derive from tfds features; ReaL's sets.
 
 Each task maps a decoded example (uint8 image, tfds features) to (image,
 label), as google-research/task_adaptation's data classes define them; the
@@ -39,6 +39,11 @@ def _grouped(feature, original, classes, scale=1):
   return fn
 
 
+def _real_labels(image, features):
+  """ImageNet ReaL (Beyer et al., 2020): the set of labels raters accepted."""
+  return image, features['real_label']
+
+
 # name: (function, number of classes).
 TASKS = {
     'clevr_count_all': (_clevr_count_all, 8),
@@ -49,6 +54,7 @@ TASKS = {
     'dsprites_orientation': (_grouped('label_orientation', 40, 16, 255), 16),
     'smallnorb_azimuth': (_grouped('label_azimuth', 18, 18), 18),
     'smallnorb_elevation': (_grouped('label_elevation', 9, 9), 9),
+    'imagenet2012_real': (_real_labels, 1000),
 }
 
 

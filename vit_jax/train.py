@@ -114,10 +114,14 @@ def eval_step(state: TrainState, batch, *, loss: str):
   """Masked sums of correct predictions, loss and examples."""
   logits = state.apply_fn({'params': state.params}, batch['image'],
                           train=False)
-  mask = batch['mask']
-  correct = jnp.argmax(logits, -1) == jnp.argmax(batch['label'], -1)
+  mask, labels = batch['mask'], batch['label']
+  # Right if the top class is a label: one-hot, or a set (ImageNet ReaL).
+  top = jnp.argmax(logits, -1)[:, None]
+  correct = jnp.take_along_axis(labels, top, -1)[:, 0] > 0
+  if loss == 'softmax_xent':  # a set of k labels: 1/k each
+    labels = labels / jnp.maximum(labels.sum(-1, keepdims=True), 1)
   return {'correct': jnp.sum(correct * mask),
-          'loss': jnp.sum(loss_fn(logits, batch['label'], loss) * mask),
+          'loss': jnp.sum(loss_fn(logits, labels, loss) * mask),
           'count': jnp.sum(mask)}
 
 
