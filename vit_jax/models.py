@@ -8,18 +8,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import models_lit
 from vit_jax import models_mixer
 from vit_jax import models_vit
 from vit_jax.model_configs import MODEL_CONFIGS
 
 VisionTransformer = models_vit.VisionTransformer
 MlpMixer = models_mixer.MlpMixer
+LitModel = models_lit.LitModel
 
 
 def get_model(name: str, **kw) -> nn.Module:
   """Returns the model for preset `name`; `kw` overrides its config.
 
-  Names starting with 'Mixer-' are MlpMixers, all others VisionTransformers.
+  Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, all others
+  VisionTransformers.
   """
   if name not in MODEL_CONFIGS:
     raise ValueError(f'Unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}.')
@@ -29,6 +32,8 @@ def get_model(name: str, **kw) -> nn.Module:
 
 def model_class(name: str):
   """The model family of a preset or custom model name."""
+  if name.startswith('LiT-'):
+    return LitModel
   return MlpMixer if name.startswith('Mixer-') else VisionTransformer
 
 
