@@ -1,0 +1,134 @@
+"""(image, caption) pairs for LiT training, as tf.data streams.
+
+Captions come from one of (`config.lit`):
+  a folder's captions file: `config.dataset` is a folder holding
+    `captions.tsv`, one `relative/image/path<TAB>caption` a line;
+  a tfds text feature: `text_key` names a string feature of the dataset;
+  class captions: `class_captions[label]` lists captions of each class; every
+    example draws one (stateless, from its position), as captions made from
+    class names and descriptions.
+
+The stream is a pure function of (seed, position), as `input_pipeline`'s:
+images are augmented by `input_pipeline.preprocess_train`, and the captions
+of each batch are tokenized by the tower's tokenizer.
+"""
+
+import os
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import input_pipeline
+
+CAPTIONS_FILE = 'captions.tsv'
+
+
+def read_captions_file(folder):
+  """([image paths], [captions]) of `folder`/captions.tsv."""
+  path = os.path.join(folder, CAPTIONS_FILE)
+  paths, captions = [], []
+  with tf.io.gfile.GFile(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      name, sep, caption = line.rstrip('\n').partition('\t')
+      if not sep or not caption.strip():
+        raise ValueError(f'{path}:{n}: expected "image path<TAB>caption".')
+      paths.append(os.path.join(folder, name))
+      captions.append(caption)
+  if not paths:
+    raise ValueError(f'{path} lists no images.')
+  return paths, captions
+
+
+def has_captions_file(config) -> bool:
+  return os.path.isfile(os.path.join(config.dataset, CAPTIONS_FILE))
+
+
+def captioned_examples(config):
+  """(dataset of {'image': encoded bytes, 'caption': string}, its size)."""
+  lit = config.lit
+  if has_captions_file(config):
+    paths, captions = read_captions_file(config.dataset)
+    ds = tf.data.Dataset.from_tensor_slices((paths, captions)).map(
+        lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
+    return ds, len(paths)
+  builder = input_pipeline.get_builder(config)
+  info = input_pipeline.get_dataset_info(builder, config)
+  ds = input_pipeline._read_process_share(builder, config.pp.train)  # pylint: disable=protected-access
+  if lit.text_key:
+    if lit.text_key not in builder.info.features:
+      raise ValueError(f'{config.dataset!r} has no feature {lit.text_key!r}; '
+                       f'it has {sorted(builder.info.features)}.')
+    ds = ds.map(lambda f: {'image': f['image'], 'caption': f[lit.text_key]})
+    return ds, info.num_train
+  if not lit.class_captions:
+    raise ValueError('No captions: give config.dataset a folder with '
+                     f'{CAPTIONS_FILE}, or set config.lit.text_key or '
+                     'config.lit.class_captions.')
+  if len(lit.class_captions) != info.num_classes:
+    raise ValueError(f'config.lit.class_captions has {len(lit.class_captions)}'
+                     f' lists for the {info.num_classes} classes.')
+  return ds, info.num_train
+
+
+def _class_caption(label, seed, class_captions):
+  """One of `class_captions[label]`, drawn with the stateless `seed`."""
+  table = tf.ragged.constant([list(c) for c in class_captions])
+  options = table[label]
+  i = tf.random.stateless_uniform([], seed, 0, tf.size(options, tf.int32),
+                                  dtype=tf.int32)
+  return options[i]
+
+
+def train_iterator(config, tokenizer, *, batch_size, start_step=0):
+  """Batches {'image', 'tokens'} from step `start_step` on; and the size."""
+  base, n = captioned_examples(config)
+  if n < batch_size:
+    raise ValueError(f'{n} captioned examples, fewer than the batch of '
+                     f'{batch_size}.')
+  first_epoch, offset = divmod(start_step * batch_size, n)
+  shuffle_seed, augment_seed = input_pipeline._stream_seeds(config.seed)  # pylint: disable=protected-access
+
+  def epoch(e):
+    seed = tf.random.stateless_uniform(
+        [], tf.random.experimental.stateless_fold_in(shuffle_seed, e),
+        minval=None, maxval=None, dtype=tf.int64)
+    return base.shuffle(min(config.shuffle_buffer, n), seed=seed,
+                        reshuffle_each_iteration=False)
+
+  ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
+  ds = ds.enumerate(start=first_epoch * n).skip(offset)
+
+  def process(position, features):
+    image = tf.io.decode_image(features['image'], channels=3,
+                               expand_animations=False)
+    seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
+    caption = features.get('caption')
+    if caption is None:
+      caption = _class_caption(
+          features['label'], tf.random.experimental.stateless_fold_in(seed, 2),
+          config.lit.class_captions)
+    return {'image': input_pipeline.preprocess_train(image, seed, config.pp),
+            'caption': caption}
+
+  def tokenize(batch):
+    tokens = tf.numpy_function(lambda t: tokenizer(t.tolist()),
+                               [batch.pop('caption')], tf.int32)
+    batch['tokens'] = tf.ensure_shape(tokens, [batch_size, tokenizer.max_len])
+    return batch
+
+  ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size, drop_remainder=True).map(tokenize)
+  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+
+
+def all_captions(config):
+  """Every caption text of the training data (to fit a vocabulary)."""
+  if has_captions_file(config):
+    return read_captions_file(config.dataset)[1]
+  if config.lit.class_captions:
+    return [c for captions in config.lit.class_captions for c in captions]
+  ds, _ = captioned_examples(config)
+  return [c.decode() for c in tfds.as_numpy(ds.map(lambda f: f['caption']))]
+
