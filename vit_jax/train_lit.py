@@ -53,11 +53,20 @@ def validate_lit_config(config, num_devices_data: int):
 
 
 def abstract_params(config, model):
-  """The model's parameter shapes, for the configured image and text sizes."""
+  """The model's parameter shapes, for the configured image and text sizes.
+
+  Raises if the towers' embeddings differ in width (`out_dim`).
+  """
   images = jnp.zeros((1, config.pp.crop, config.pp.crop, 3))
   tokens = jnp.zeros((1, config.model.pp.max_len), jnp.int32)
-  return jax.eval_shape(lambda: model.init(
-      jax.random.key(0), images=images, tokens=tokens))['params']
+  (zimg, ztxt, _), variables = jax.eval_shape(lambda: model.init_with_output(
+      jax.random.key(0), images=images, tokens=tokens))
+  if zimg.shape[-1] != ztxt.shape[-1]:
+    raise ValueError(
+        f'The image tower embeds in {zimg.shape[-1]} dimensions, the text '
+        f'tower in {ztxt.shape[-1]}: set config.model.out_dim (image, text) '
+        'so that they agree.')
+  return variables['params']
 
 
 def get_tokenizer(config, workdir):
@@ -186,6 +195,7 @@ def train_lit(config, workdir):
       os.path.join(os.path.abspath(workdir), 'checkpoints'),
       item_handlers=ocp.StandardCheckpointHandler(),
       options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
+  abstract_params(config, model)  # checks the widths before compiling
   state, shardings, start = create_lit_state(config, model, mesh, manager)
   evaluate = _zeroshot_eval(model, tokenizer, names, info, config, mesh)
   step_fn = jax.jit(
