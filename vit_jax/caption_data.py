@@ -62,6 +62,16 @@ def captioned_examples(config):
                        f'it has {sorted(builder.info.features)}.')
     ds = ds.map(lambda f: {'image': f['image'], 'caption': f[lit.text_key]})
     return ds, info.num_train
+  check_class_captions(config, info)
+  return ds, info.num_train
+
+
+def check_class_captions(config, info):
+  """Raises unless captions come from a file, a feature, or one list of
+  captions per class."""
+  lit = config.lit
+  if has_captions_file(config) or lit.text_key:
+    return
   if not lit.class_captions:
     raise ValueError('No captions: give config.dataset a folder with '
                      f'{CAPTIONS_FILE}, or set config.lit.text_key or '
@@ -69,7 +79,10 @@ def captioned_examples(config):
   if len(lit.class_captions) != info.num_classes:
     raise ValueError(f'config.lit.class_captions has {len(lit.class_captions)}'
                      f' lists for the {info.num_classes} classes.')
-  return ds, info.num_train
+  empty = [i for i, c in enumerate(lit.class_captions) if not c]
+  if empty:
+    raise ValueError(f'config.lit.class_captions has no captions for classes '
+                     f'{empty}.')
 
 
 def _class_caption(label, seed, class_captions):

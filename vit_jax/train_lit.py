@@ -45,6 +45,10 @@ def validate_lit_config(config, num_devices_data: int):
   if config.lit.loss == 'sigmoid' and config.model.bias_init is None:
     raise ValueError("config.lit.loss='sigmoid' needs a learned bias: set "
                      'config.model.bias_init (SigLIP uses -10).')
+  for template in config.zeroshot.templates:
+    if '{}' not in template:
+      raise ValueError(f'Prompt template {template!r} has no {{}} for the '
+                       'class name.')
   if config.model.pp.tokenizer_name not in tokenizers.TOKENIZERS:
     raise ValueError(f'config.model.pp.tokenizer_name='
                      f'{config.model.pp.tokenizer_name!r}; expected one of '
@@ -189,6 +193,7 @@ def train_lit(config, workdir):
   info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
                                          config)
   names = zeroshot.class_names(config, info)
+  caption_data.check_class_captions(config, info)
   model = make_lit_model(config)
   tokenizer = get_tokenizer(config, workdir)
   manager = ocp.CheckpointManager(
