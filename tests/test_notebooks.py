@@ -40,3 +40,16 @@ def test_vit_jax_notebook(tmp_path):
   assert "'count': 20" in text  # the evaluation of the fine-tuned model
   assert os.path.exists(tmp_path / 'vit_jax_tour' / 'finetuned' /
                         'testing.npz')
+
+
+def test_lit_notebook(tmp_path):
+  out = tmp_path / 'out.ipynb'
+  papermill.execute_notebook(
+      os.path.join(ROOT, 'notebooks', 'lit.ipynb'), str(out),
+      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
+      execution_timeout=600)
+  text = _outputs(out)
+  assert 'tokens of "a photo of a cat.": [ 2' in text  # [CLS] first
+  assert 'similarity matrix (8, 10)' in text
+  assert 'zero-shot accuracy' in text and 'on 8 images' in text
+  assert os.path.exists(tmp_path / 'lit_tour' / 'LiT-smoke.npz')
