@@ -197,3 +197,15 @@ def test_bad_settings_fail_before_compiling(fmnist_dirs, image_npz, tmp_path):
   config.zeroshot.templates = ('a photo',)
   with pytest.raises(ValueError, match='no {} for the class name'):
     train_lit.train_lit(config, str(tmp_path / 'd'))
+
+
+@pytest.mark.parametrize('loss', ['softmax', 'sigmoid'])
+def test_fmnist_config_builds_and_validates(loss):
+  config = lit_fmnist.get_config(loss)
+  train_lit.validate_lit_config(config, 1)
+  params = train_lit.abstract_params(config, train_lit.make_lit_model(config))
+  assert ('b' in params) == (loss == 'sigmoid')
+  assert config.model.model_name == config.model_name == f'LiT-fmnist-{loss}'
+  assert len(config.lit.class_captions) == 10
+  with pytest.raises(ValueError, match='Unknown loss'):
+    lit_fmnist.get_config('hinge')
