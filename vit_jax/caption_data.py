@@ -15,6 +15,7 @@ of each batch are tokenized by the tower's tokenizer.
 
 import os
 
+import jax
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -50,9 +51,11 @@ def captioned_examples(config):
   lit = config.lit
   if has_captions_file(config):
     paths, captions = read_captions_file(config.dataset)
-    ds = tf.data.Dataset.from_tensor_slices((paths, captions)).map(
-        lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
-    return ds, len(paths)
+    ds = tf.data.Dataset.from_tensor_slices((paths, captions))
+    if jax.process_count() > 1:
+      ds = ds.shard(jax.process_count(), jax.process_index())
+    ds = ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
+    return ds, len(paths) // jax.process_count()
   builder = input_pipeline.get_builder(config)
   info = input_pipeline.get_dataset_info(builder, config)
   ds = input_pipeline._read_process_share(builder, config.pp.train)  # pylint: disable=protected-access

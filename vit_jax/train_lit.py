@@ -13,7 +13,6 @@ import functools
 import os
 import time
 
-from absl import logging
 from clu import metric_writers
 from flax import traverse_util
 from flax.training import train_state
@@ -185,9 +184,19 @@ def _zeroshot_eval(model, tokenizer, names, info, config, mesh):
   return run
 
 
-def train_lit(config, workdir):
-  """Trains the text tower (resuming from `workdir`); exports the LiT .npz
-  and writes results.json with the final zero-shot accuracy."""
+def _evaluate_and_report(evaluate, state, writer, step, config):
+  result = evaluate(state.params)
+  print(f'[{step}/{config.total_steps}] zero-shot accuracy '
+        f'{result["zeroshot_accuracy"]:.4f} ({result["count"]} examples)',
+        flush=True)
+  writer.write_scalars(step, {'zeroshot_accuracy':
+                              result['zeroshot_accuracy']})
+  return result
+
+
+def _setup(config, workdir):
+  """Mesh, dataset, class names, model, tokenizer and checkpoint manager,
+  after every check that needs no compilation."""
   mesh = sharding.make_mesh(config.mesh)
   validate_lit_config(config, mesh.shape['data'])
   info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
@@ -195,58 +204,76 @@ def train_lit(config, workdir):
   names = zeroshot.class_names(config, info)
   caption_data.check_class_captions(config, info)
   model = make_lit_model(config)
-  tokenizer = get_tokenizer(config, workdir)
+  abstract_params(config, model)  # checks the towers' widths agree
   manager = ocp.CheckpointManager(
       os.path.join(os.path.abspath(workdir), 'checkpoints'),
       item_handlers=ocp.StandardCheckpointHandler(),
       options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
-  abstract_params(config, model)  # checks the widths before compiling
-  state, shardings, start = create_lit_state(config, model, mesh, manager)
-  evaluate = _zeroshot_eval(model, tokenizer, names, info, config, mesh)
-  step_fn = jax.jit(
+  return mesh, info, names, model, get_tokenizer(config, workdir), manager
+
+
+def _make_step_fn(config, mesh, shardings):
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(
       functools.partial(lit_train_step, rng=jax.random.key(config.seed + 1),
                         loss=config.lit.loss),
       in_shardings=(shardings, sharding.batch_sharding(mesh)),
-      out_shardings=(shardings, jax.sharding.NamedSharding(
-          mesh, jax.sharding.PartitionSpec())), donate_argnums=0)
+      out_shardings=(shardings, replicated), donate_argnums=0)
+
+
+def _finish(config, workdir, params, result, seconds):
+  train.export_npz(params, os.path.join(workdir, f'{config.model_name}.npz'))
+  train._write_results(workdir, result, step=config.total_steps,  # pylint: disable=protected-access
+                       seconds_since_start=seconds)
+  print(f'Done: {config.total_steps} steps, zero-shot accuracy '
+        f'{result["zeroshot_accuracy"]:.4f}, {seconds:.0f} s.', flush=True)
+
+
+def train_lit(config, workdir):
+  """Trains the text tower (resuming from `workdir`); exports the LiT .npz
+  and writes results.json with the final zero-shot accuracy."""
+  mesh, info, names, model, tokenizer, manager = _setup(config, workdir)
+  state, shardings, start = create_lit_state(config, model, mesh, manager)
+  if start >= config.total_steps:
+    print(f'{workdir} already holds the final step {start}.', flush=True)
+    manager.close()
+    return state.params
+  step_fn = _make_step_fn(config, mesh, shardings)
+  evaluate = _zeroshot_eval(model, tokenizer, names, info, config, mesh)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
   batches = train._global_batches(caption_data.train_iterator(  # pylint: disable=protected-access
       config, tokenizer, batch_size=input_pipeline.host_batch_size(
           config.batch), start_step=start), mesh)
   progress, result = train.Progress(config, writer, start), {}
-  t_start, step = time.perf_counter(), start
-  for step in range(start + 1, config.total_steps + 1):
-    state, metrics = step_fn(state, next(batches))
-    progress.add(metrics['loss'])
-    last = step == config.total_steps
-    if last or train._every(step, config.progress_every):  # pylint: disable=protected-access
-      train._report(progress, step, manager)  # pylint: disable=protected-access
-      writer.write_scalars(step, {
-          'temperature': float(metrics['temperature']),
-          'batch_retrieval': float(metrics['retrieval'])})
-    if last or train._every(step, config.eval_every):  # pylint: disable=protected-access
-      result = evaluate(state.params)
-      print(f'[{step}/{config.total_steps}] zero-shot accuracy '
-            f'{result["zeroshot_accuracy"]:.4f} ({result["count"]} examples)'
-            f', temperature {float(metrics["temperature"]):.2f}', flush=True)
-      writer.write_scalars(step, {'zeroshot_accuracy':
-                                  result['zeroshot_accuracy']})
-      progress.restart_clock()
-    if last or train._every(step, config.checkpoint_every):  # pylint: disable=protected-access
-      manager.save(step, args=ocp.args.StandardSave(state), force=True)
+  t_start = time.perf_counter()
+  every = train._every  # pylint: disable=protected-access
+  with train._Preemption() as preemption:  # pylint: disable=protected-access
+    for step in range(start + 1, config.total_steps + 1):
+      state, metrics = step_fn(state, next(batches))
+      progress.add(metrics['loss'])
+      last = step == config.total_steps
+      save = last or preemption.requested or every(step,
+                                                   config.checkpoint_every)
+      if save or every(step, config.progress_every):
+        train._report(progress, step, manager)  # pylint: disable=protected-access
+        writer.write_scalars(step, {k: float(metrics[k])
+                                    for k in ('temperature', 'retrieval')})
+      if last or every(step, config.eval_every):
+        result = _evaluate_and_report(evaluate, state, writer, step, config)
+        progress.restart_clock()
+      if save:
+        manager.save(step, args=ocp.args.StandardSave(state), force=True)
+      if preemption.requested:
+        break
   progress.close()
   manager.wait_until_finished()
   manager.close()
   writer.flush()
-  if not result:
-    logging.info('Nothing to train: step %d of %d.', start,
-                 config.total_steps)
-    return state.params
-  seconds = time.perf_counter() - t_start
-  train.export_npz(state.params,
-                   os.path.join(workdir, f'{config.model_name}.npz'))
-  train._write_results(workdir, result, step=step, seconds_since_start=seconds)  # pylint: disable=protected-access
-  print(f'Done: {step} steps, zero-shot accuracy '
-        f'{result["zeroshot_accuracy"]:.4f}, {seconds:.0f} s.', flush=True)
+  if step == config.total_steps:
+    _finish(config, workdir, state.params, result,
+            time.perf_counter() - t_start)
+  else:
+    print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
+          'same command to continue.', flush=True)
   return state.params
