@@ -35,6 +35,7 @@ def test_published_parameter_counts(name):
 
 def test_get_model_returns_lit_model():
   model = models.get_model('LiT-L16Ti')
+  assert models.count_params(model) == PUBLISHED_COUNTS['LiT-L16Ti']
   assert isinstance(model, models_lit.LitModel)
   assert model.pp['tokenizer_name'] == 'sentencepiece'
   assert models.get_model('LiT-B16B').pp['tokenizer_name'] == 'bert'

@@ -39,6 +39,11 @@ def model_class(name: str):
 
 def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
   """Counts parameters from shapes alone (no memory, no compute)."""
+  if isinstance(model, LitModel):
+    tokens = jnp.zeros((1, model.pp['max_len']), jnp.int32)
+    variables = jax.eval_shape(lambda: model.init(
+        jax.random.key(0), images=jnp.zeros(image_shape), tokens=tokens))
+    return sum(x.size for x in jax.tree.leaves(variables['params']))
   variables = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros(image_shape), train=False))
   return sum(x.size for x in jax.tree.leaves(variables['params']))
@@ -46,6 +51,9 @@ def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
 
 def _main(argv):
   del argv
+  if FLAGS.name.startswith('LiT-'):
+    print(f'{FLAGS.name}: {count_params(get_model(FLAGS.name)):,} parameters')
+    return
   model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)
   shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
   images = jax.random.uniform(jax.random.key(0), shape, minval=-1, maxval=1)
