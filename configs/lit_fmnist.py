@@ -82,6 +82,9 @@ def get_config(loss='softmax') -> ml_collections.ConfigDict:
       'class_captions': class_captions(),
   })
   config.zeroshot = ml_collections.ConfigDict({
+      # The test data: '' for the training dataset and its pp.test split.
+      'dataset': '',
+      'split': '',
       'class_names': ('t-shirt or top', 'trouser', 'pullover', 'dress',
                       'coat', 'sandal', 'shirt', 'sneaker', 'bag',
                       'ankle boot'),

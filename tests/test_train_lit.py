@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
 from configs import lit_fmnist
 from tests import helpers
@@ -91,9 +92,29 @@ def test_steps_lower_the_loss_and_leave_the_image_tower(
   jax.tree.map(np.testing.assert_array_equal, state.params['img'], img_before)
 
 
-def test_train_then_zeroshot_end_to_end(fmnist_dirs, image_npz, tmp_path,
-                                        capsys):
+def _captions_folder(root, n, size, names):
+  """`n` images, a bright band by class as in the tiny Fashion-MNIST, and
+  captions.tsv naming each image's class."""
+  root.mkdir()
+  rng = np.random.default_rng(0)
+  lines = []
+  for i in range(n):
+    label = i % len(names)
+    image = rng.integers(0, 60, (size, size, 3))
+    image[2 * label + 4:2 * label + 7] = 250
+    tf.io.write_file(str(root / f'{i}.png'),
+                     tf.io.encode_png(image.astype(np.uint8)))
+    lines.append(f'{i}.png\ta photo of a {names[label]}')
+  (root / 'captions.tsv').write_text('\n'.join(lines) + '\n')
+  return str(root)
+
+
+def test_train_on_a_captions_folder_then_zeroshot(fmnist_dirs, image_npz,
+                                                  tmp_path, capsys):
   config = _config(fmnist_dirs, image_npz, 'sigmoid')
+  config.dataset = _captions_folder(tmp_path / 'pairs', 32, 32,
+                                    config.zeroshot.class_names)
+  config.zeroshot.dataset = 'fashion_mnist_local'
   workdir = str(tmp_path / 'lit')
   train_lit.train_lit(config, workdir)
   out = capsys.readouterr().out
@@ -107,6 +128,46 @@ def test_train_then_zeroshot_end_to_end(fmnist_dirs, image_npz, tmp_path,
   config.trainer = 'zeroshot'
   result = zeroshot.zeroshot(config, workdir)
   assert result == {k: trained[k] for k in ('zeroshot_accuracy', 'count')}
+
+
+class TinyCaptions(tfds.core.GeneratorBasedBuilder):
+  """Images with a text feature and no labels, as coco_captions."""
+  VERSION = tfds.core.Version('1.0.0')
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        'image': tfds.features.Image(shape=(8, 8, 3)),
+        'caption': tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {'train': self._generate_examples()}
+
+  def _generate_examples(self):
+    for i in range(8):
+      yield i, {'image': np.full((8, 8, 3), 30 * i, np.uint8),
+                'caption': f'a photo of image {"abcdefgh"[i]}'}
+
+
+def test_tfds_text_feature_pairs_images_and_captions(tmp_path):
+  TinyCaptions(data_dir=str(tmp_path)).download_and_prepare()
+  config = lit_fmnist.get_config()
+  config.dataset, config.tfds_data_dir = 'tiny_captions', str(tmp_path)
+  config.pp.crop, config.pp.flip, config.shuffle_buffer = 8, False, 8
+  config.lit.text_key = 'caption'
+  vocab = tmp_path / 'vocab.txt'
+  vocab.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', 'a', 'photo', 'of',
+                              'image', *'abcdefgh']) + '\n')
+  tok = tokenizers.get_tokenizer('bert', str(vocab), 7)
+  batch = next(caption_data.train_iterator(config, tok, batch_size=8))
+  for image, tokens in zip(batch['image'], batch['tokens']):
+    i = int(round((image.mean() + 1) * 127.5 / 30))
+    np.testing.assert_array_equal(
+        tokens, tok([f'a photo of image {"abcdefgh"[i]}'])[0])
+  assert len(caption_data.all_captions(config)) == 8
+  config.lit.text_key = 'text'
+  with pytest.raises(ValueError, match="no feature 'text'"):
+    caption_data.train_iterator(config, tok, batch_size=8)
 
 
 def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):

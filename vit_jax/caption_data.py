@@ -47,34 +47,34 @@ def has_captions_file(config) -> bool:
 
 
 def captioned_examples(config):
-  """(dataset of {'image': encoded bytes, 'caption': string}, its size)."""
+  """This process's share of {'image': encoded bytes, 'caption' (or 'label'
+  with class captions)}."""
   lit = config.lit
   if has_captions_file(config):
     paths, captions = read_captions_file(config.dataset)
     ds = tf.data.Dataset.from_tensor_slices((paths, captions))
     if jax.process_count() > 1:
       ds = ds.shard(jax.process_count(), jax.process_index())
-    ds = ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
-    return ds, len(paths) // jax.process_count()
+    return ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
   builder = input_pipeline.get_builder(config)
-  info = input_pipeline.get_dataset_info(builder, config)
   ds = input_pipeline._read_process_share(builder, config.pp.train)  # pylint: disable=protected-access
   if lit.text_key:
     if lit.text_key not in builder.info.features:
       raise ValueError(f'{config.dataset!r} has no feature {lit.text_key!r}; '
                        f'it has {sorted(builder.info.features)}.')
-    ds = ds.map(lambda f: {'image': f['image'], 'caption': f[lit.text_key]})
-    return ds, info.num_train
-  check_class_captions(config, info)
-  return ds, info.num_train
+    return ds.map(lambda f: {'image': f['image'], 'caption': f[lit.text_key]})
+  check_class_captions(config)
+  return ds
 
 
-def check_class_captions(config, info):
+def check_class_captions(config):
   """Raises unless captions come from a file, a feature, or one list of
-  captions per class."""
+  captions per class of the training dataset."""
   lit = config.lit
   if has_captions_file(config) or lit.text_key:
     return
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
   if not lit.class_captions:
     raise ValueError('No captions: give config.dataset a folder with '
                      f'{CAPTIONS_FILE}, or set config.lit.text_key or '
@@ -99,7 +99,10 @@ def _class_caption(label, seed, class_captions):
 
 def train_iterator(config, tokenizer, *, batch_size, start_step=0):
   """Batches {'image', 'tokens'} from step `start_step` on; and the size."""
-  base, n = captioned_examples(config)
+  base = captioned_examples(config)
+  n = int(base.cardinality())
+  if n < 0:
+    n = int(base.reduce(0, lambda count, _: count + 1))
   if n < batch_size:
     raise ValueError(f'{n} captioned examples, fewer than the batch of '
                      f'{batch_size}.')
@@ -143,8 +146,8 @@ def all_captions(config):
   """Every caption text of the training data (to fit a vocabulary)."""
   if has_captions_file(config):
     return read_captions_file(config.dataset)[1]
-  if config.lit.class_captions:
-    return [c for captions in config.lit.class_captions for c in captions]
-  ds, _ = captioned_examples(config)
-  return [c.decode() for c in tfds.as_numpy(ds.map(lambda f: f['caption']))]
+  if config.lit.text_key:
+    ds = captioned_examples(config).map(lambda f: f['caption'])
+    return [c.decode() for c in tfds.as_numpy(ds)]
+  return [c for captions in config.lit.class_captions for c in captions]
 

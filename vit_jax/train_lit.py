@@ -80,6 +80,9 @@ def get_tokenizer(config, workdir):
     if config.model.pp.tokenizer_name != 'sentencepiece':
       raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
                        'set config.lit.vocab_path to a BERT vocab.txt.')
+    if jax.process_count() > 1:  # each process would fit its own
+      raise ValueError('Fit the vocabulary in a one-process run, or set '
+                       'config.lit.vocab_path, for a multi-process run.')
     os.makedirs(workdir, exist_ok=True)
     tokenizers.train_sentencepiece(caption_data.all_captions(config), path,
                                    config.model.text.vocab_size)
@@ -177,6 +180,8 @@ def lit_train_step(state, batch, *, rng, loss):
 
 def _zeroshot_eval(model, tokenizer, names, info, config, mesh):
   """A function of the parameters: zero-shot accuracy on the test split."""
+  config = zeroshot.eval_config(config)
+
   def run(params):
     classes = zeroshot.class_embeddings(model, params, tokenizer, names,
                                         tuple(config.zeroshot.templates))
@@ -199,17 +204,19 @@ def _setup(config, workdir):
   after every check that needs no compilation."""
   mesh = sharding.make_mesh(config.mesh)
   validate_lit_config(config, mesh.shape['data'])
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
-                                         config)
-  names = zeroshot.class_names(config, info)
-  caption_data.check_class_captions(config, info)
+  eval_config = zeroshot.eval_config(config)
+  info = input_pipeline.get_dataset_info(
+      input_pipeline.get_builder(eval_config), eval_config)
+  names = zeroshot.class_names(eval_config, info)
+  caption_data.check_class_captions(config)
   model = make_lit_model(config)
   abstract_params(config, model)  # checks the towers' widths agree
   manager = ocp.CheckpointManager(
       os.path.join(os.path.abspath(workdir), 'checkpoints'),
       item_handlers=ocp.StandardCheckpointHandler(),
       options=ocp.CheckpointManagerOptions(max_to_keep=config.max_to_keep))
-  return mesh, info, names, model, get_tokenizer(config, workdir), manager
+  tokenizer = get_tokenizer(config, workdir)  # reads the training captions
+  return mesh, info, names, model, tokenizer, manager
 
 
 def _make_step_fn(config, mesh, shardings):

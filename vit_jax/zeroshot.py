@@ -54,6 +54,17 @@ def eval_step(params, batch, classes, *, model):
           'count': jnp.sum(batch['mask'])}
 
 
+def eval_config(config):
+  """`config` with the zero-shot test data as its dataset: `zeroshot.dataset`
+  and `zeroshot.split`, by default the training dataset's test split."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.dataset = config.zeroshot.get('dataset') or config.dataset
+    split = config.zeroshot.get('split') or config.pp.test
+    config.pp.train = config.pp.test = split  # no training split needed
+  return config
+
+
 def class_names(config, info):
   """`config.zeroshot.class_names`, else the dataset's label names."""
   names = list(config.zeroshot.class_names or ())
@@ -106,6 +117,7 @@ def zeroshot(config, workdir):
   from vit_jax import train_lit  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(config.mesh)
   train_lit.validate_lit_config(config, mesh.shape['data'])
+  config = eval_config(config)
   info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
                                          config)
   names = class_names(config, info)
