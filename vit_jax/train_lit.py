@@ -15,7 +15,6 @@ import time
 
 from clu import metric_writers
 from flax import traverse_util
-from flax.training import train_state
 import jax
 import jax.numpy as jnp
 import optax
@@ -25,6 +24,7 @@ from vit_jax import caption_data
 from vit_jax import checkpoint
 from vit_jax import contrastive_losses
 from vit_jax import input_pipeline
+from vit_jax import models_bert
 from vit_jax import models_lit
 from vit_jax import sharding
 from vit_jax import tokenizers
@@ -88,7 +88,11 @@ def get_tokenizer(config, workdir):
                                    config.model.text.vocab_size)
   tokenizer = tokenizers.get_tokenizer(config.model.pp.tokenizer_name, path,
                                        config.model.pp.max_len)
-  vocab = config.model.text.get('vocab_size', 30_522)
+  text = config.model.text
+  if config.model.text_model == 'bert':
+    vocab = models_bert.BERT_CONFIGS[text.get('config', 'base')][4]
+  else:
+    vocab = text.get('vocab_size', models_lit.TextTransformer.vocab_size)
   if tokenizer.vocab_size > vocab:
     raise ValueError(f'The vocabulary {path} has {tokenizer.vocab_size} '
                      f'tokens, the text tower only {vocab} embeddings.')
