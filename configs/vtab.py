@@ -19,7 +19,6 @@ task in `pp.label`.
 
 import ml_collections
 
-from configs import common
 from configs import vit
 
 # task: (tfds name, val200 split, test split, pp.label). The val200 split

@@ -55,3 +55,16 @@ def test_attention_notebook(tmp_path):
   assert sorted(os.listdir(figures)) == [
       'analysis.json', 'attention_distance.png', 'filters.png',
       'position_similarity.png', 'rollout.png']
+
+
+def test_lit_notebook(tmp_path):
+  out = tmp_path / 'out.ipynb'
+  papermill.execute_notebook(
+      os.path.join(ROOT, 'notebooks', 'lit.ipynb'), str(out),
+      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
+      execution_timeout=600)
+  text = _outputs(out)
+  assert 'tokens of "a photo of a cat.": [ 2' in text  # [CLS] first
+  assert 'similarity matrix (8, 10)' in text
+  assert 'zero-shot accuracy' in text and 'on 8 images' in text
+  assert os.path.exists(tmp_path / 'lit_tour' / 'LiT-smoke.npz')

@@ -235,7 +235,8 @@ def infer_preset(flat: Flat) -> str:
     want = ('vit', kernel.shape[-1], len(blocks), kernel.shape[0],
             flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel'].shape[
                 -1], 'token' if 'cls' in flat else 'gap', _resnet_layers(flat))
-  found = [name for name in models.MODEL_CONFIGS if dims(name) == want]
+  found = [name for name in models.MODEL_CONFIGS
+           if not name.startswith('LiT-') and dims(name) == want]
   if not found:
     raise ValueError(f'No preset has these shapes ({want}); give '
                      '--model_name.')

@@ -189,23 +189,16 @@ def _read_process_share(builder, split):
   return ds.shard(nproc, jax.process_index()) if nproc > 1 else ds
 
 
-def train_iterator(info: DatasetInfo, config, *, batch_size: int,
-                   start_step: int = 0, rows=None) -> Iterator[dict]:
-  """Yields this process's rows of the global training batches.
+def shuffled_stream(base, n: int, config, *, batch_size: int,
+                    start_step: int = 0, rows=None):
+  """(position, example) of this process's rows of the global batches.
 
-  Every process reads the same global stream (the whole split, encoded) and
-  decodes only its rows of each batch, so the stream does not depend on the
-  number of processes: a run resumes exactly on another topology.
-
-  Args:
-    info: from `get_dataset_info`.
-    config: the experiment config (pp, shuffle_buffer, seed, prefetch).
-    batch_size: examples per global batch.
-    start_step: batches already consumed (when resuming).
-    rows: this process's rows of each global batch, increasing (default all).
+  Every process reads the same global stream (each epoch of `base`, its `n`
+  examples, shuffled with its own seed) and keeps only its rows, before any
+  decoding: the stream does not depend on the number of processes, so a run
+  resumes exactly on another topology. Returns the stream and the seed of
+  the examples' augmentations (fold in the position).
   """
-  base = _read_encoded(info.builder, config.pp.train)
-  n = info.num_train
   if n < batch_size:
     raise ValueError(f'Split {config.pp.train!r} has {n} examples, fewer '
                      f'than the batch of {batch_size}.')
@@ -221,10 +214,27 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
 
   ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
   ds = ds.enumerate(start=first_epoch * n).skip(offset)
-  rows = list(range(batch_size)) if rows is None else list(rows)
-  mine = tf.constant(np.isin(np.arange(batch_size), rows))
-  # Batches start at multiples of batch_size: the row is position % batch.
-  ds = ds.filter(lambda position, _: mine[position % batch_size])
+  if rows is not None:
+    mine = tf.constant(np.isin(np.arange(batch_size), rows))
+    # Batches start at multiples of batch_size: the row is position % batch.
+    ds = ds.filter(lambda position, _: mine[position % batch_size])
+  return ds, augment_seed
+
+
+def train_iterator(info: DatasetInfo, config, *, batch_size: int,
+                   start_step: int = 0, rows=None) -> Iterator[dict]:
+  """Yields this process's rows of the global training batches.
+
+  Args:
+    info: from `get_dataset_info`.
+    config: the experiment config (pp, shuffle_buffer, seed, prefetch).
+    batch_size: examples per global batch.
+    start_step: batches already consumed (when resuming).
+    rows: this process's rows of each global batch, increasing (default all).
+  """
+  ds, augment_seed = shuffled_stream(
+      _read_encoded(info.builder, config.pp.train), info.num_train, config,
+      batch_size=batch_size, start_step=start_step, rows=rows)
 
   def process(position, features):
     image, label = _decode(features, info.channels, config.pp.get('label'))
@@ -234,7 +244,7 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
             'label': tf.one_hot(label, info.num_classes)}
 
   ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(len(rows), drop_remainder=True)
+  ds = ds.batch(batch_size if rows is None else len(rows), drop_remainder=True)
   return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
 
 

@@ -1,7 +1,7 @@
 """Model presets, by the original release's names (e.g. 'ViT-B_16').
 
-`models.get_model` builds an MlpMixer for names starting with 'Mixer-' and a
-VisionTransformer otherwise.
+`models.get_model` builds an MlpMixer for names starting with 'Mixer-', a
+LitModel for 'LiT-' and a VisionTransformer otherwise.
 """
 
 import ml_collections
@@ -51,6 +51,25 @@ _MIXERS = {
     'Mixer-B_16': (768, 12, 384, 3072, 16),
     'Mixer-B_32': (768, 12, 384, 3072, 32),
     'Mixer-L_16': (1024, 24, 512, 4096, 16),
+}
+
+# LiT (Zhai et al., 2022): a locked ViT and a text tower (models_lit).
+# name: (image preset, out_dim (image, text), text_model, text, tokenizer)
+_TEXT_TRANSFORMER_S = dict(width=384, num_layers=12, mlp_dim=1536,
+                           num_heads=6, vocab_size=16_000)
+_TEXT_TRANSFORMER_TI = dict(width=192, num_layers=12, mlp_dim=768,
+                            num_heads=3, vocab_size=16_000)
+_LITS = {
+    'LiT-B16B': ('ViT-B_16', (768, 768), 'bert', {'config': 'base'}, 'bert'),
+    # Trained twice as long, without the image projection.
+    'LiT-B16B_2': ('ViT-B_16', (None, 768), 'bert', {'config': 'base'},
+                   'bert'),
+    'LiT-L16L': ('ViT-L_16', (None, 1024), 'bert', {'config': 'large'},
+                 'bert'),
+    'LiT-L16S': ('ViT-L_16', (None, 1024), 'text_transformer',
+                 _TEXT_TRANSFORMER_S, 'sentencepiece'),
+    'LiT-L16Ti': ('ViT-L_16', (None, 1024), 'text_transformer',
+                  _TEXT_TRANSFORMER_TI, 'sentencepiece'),
 }
 
 
@@ -105,11 +124,27 @@ def _mixer(name, hidden, blocks, tokens_mlp, channels_mlp, patch):
   })
 
 
+def _lit(name, image, out_dim, text_model, text, tokenizer):
+  """A LiT ConfigDict with the original's fields, plus the loss's inits."""
+  return ml_collections.ConfigDict({
+      'model_name': name,
+      'image': _vit(image, *_VITS[image]),
+      'out_dim': out_dim,
+      'text_model': text_model,
+      'text': dict(text),
+      'pp': {'tokenizer_name': tokenizer, 'size': 224, 'max_len': 16},
+      # The published models store log(t); these only set a fresh model's.
+      'temperature_init': 1.0,
+      'bias_init': None,  # a float adds SigLIP's learned bias `b`
+  })
+
+
 # Locked: a typo in an override fails at once instead of adding a field.
 MODEL_CONFIGS = {
     config.model_name: config.lock() for config in [
         *(_vit(name, *row) for name, row in _VITS.items()),
         *(_hybrid(name, *row) for name, row in _HYBRIDS.items()),
         *(_mixer(name, *row) for name, row in _MIXERS.items()),
+        *(_lit(name, *row) for name, row in _LITS.items()),
     ]
 }

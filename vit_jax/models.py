@@ -8,18 +8,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import models_lit
 from vit_jax import models_mixer
 from vit_jax import models_vit
 from vit_jax.model_configs import MODEL_CONFIGS
 
 VisionTransformer = models_vit.VisionTransformer
 MlpMixer = models_mixer.MlpMixer
+LitModel = models_lit.LitModel
 
 
 def get_model(name: str, **kw) -> nn.Module:
   """Returns the model for preset `name`; `kw` overrides its config.
 
-  Names starting with 'Mixer-' are MlpMixers, all others VisionTransformers.
+  Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, all others
+  VisionTransformers.
   """
   if name not in MODEL_CONFIGS:
     raise ValueError(f'Unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}.')
@@ -29,11 +32,18 @@ def get_model(name: str, **kw) -> nn.Module:
 
 def model_class(name: str):
   """The model family of a preset or custom model name."""
+  if name.startswith('LiT-'):
+    return LitModel
   return MlpMixer if name.startswith('Mixer-') else VisionTransformer
 
 
 def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
   """Counts parameters from shapes alone (no memory, no compute)."""
+  if isinstance(model, LitModel):
+    tokens = jnp.zeros((1, model.pp['max_len']), jnp.int32)
+    variables = jax.eval_shape(lambda: model.init(
+        jax.random.key(0), images=jnp.zeros(image_shape), tokens=tokens))
+    return sum(x.size for x in jax.tree.leaves(variables['params']))
   variables = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros(image_shape), train=False))
   return sum(x.size for x in jax.tree.leaves(variables['params']))
@@ -41,6 +51,9 @@ def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
 
 def _main(argv):
   del argv
+  if FLAGS.name.startswith('LiT-'):
+    print(f'{FLAGS.name}: {count_params(get_model(FLAGS.name)):,} parameters')
+    return
   model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)
   shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
   images = jax.random.uniform(jax.random.key(0), shape, minval=-1, maxval=1)

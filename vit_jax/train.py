@@ -130,7 +130,8 @@ def validate_config(config, num_devices_data: int):
   choices = {'optimizer': ('sgd', 'adamw'),
              'loss': ('softmax_xent', 'sigmoid_xent'),
              'decay_type': ('cosine', 'linear'),
-             'trainer': ('train', 'inference_time', 'evaluate', 'fewshot'),
+             'trainer': ('train', 'inference_time', 'evaluate', 'fewshot',
+                         'lit', 'zeroshot'),
              'sharding_strategy': sharding.STRATEGIES,
              'momentum_dtype': ('float32', 'bfloat16')}
   for key, allowed in choices.items():

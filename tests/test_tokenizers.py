@@ -1,0 +1,76 @@
+"""Tokenizers on tiny vocabularies built here; expected ids by hand."""
+
+import numpy as np
+import pytest
+
+from vit_jax import tokenizers
+
+VOCAB = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', 'a', 'photo', 'of', 'dog',
+         '##s', 'cat', '.', 'cafe']
+
+
+@pytest.fixture
+def vocab_path(tmp_path):
+  path = tmp_path / 'vocab.txt'
+  path.write_text('\n'.join(VOCAB) + '\n')
+  return str(path)
+
+
+def test_bert_wordpiece_lowercase_cls_and_padding(vocab_path):
+  tok = tokenizers.get_tokenizer('bert', vocab_path, max_len=8)
+  got = tok(['A photo of DOGS.', 'Café cat', 'a zebra'])
+  # [CLS] a photo of dog ##s . [PAD]; accents stripped; unknown -> [UNK].
+  np.testing.assert_array_equal(got, [[2, 4, 5, 6, 7, 8, 10, 0],
+                                      [2, 11, 9, 0, 0, 0, 0, 0],
+                                      [2, 4, 1, 0, 0, 0, 0, 0]])
+  assert got.dtype == np.int32
+
+
+def test_bert_truncates_after_cls(vocab_path):
+  tok = tokenizers.get_tokenizer('bert', vocab_path, max_len=4)
+  np.testing.assert_array_equal(tok(['a photo of a cat']), [[2, 4, 5, 6]])
+
+
+def test_bert_rejects_a_non_bert_vocabulary(tmp_path):
+  path = tmp_path / 'v.txt'
+  path.write_text('a\nb\n')
+  with pytest.raises(ValueError, match=r'no \[CLS\]'):
+    tokenizers.get_tokenizer('bert', str(path), 8)
+
+
+CORPUS = ['a photo of a dog', 'a photo of a cat', 'a drawing of a dog',
+          'a cat and a dog', 'the photo of the cat'] * 20
+
+
+@pytest.fixture
+def spm_path(tmp_path):
+  return tokenizers.train_sentencepiece(CORPUS, str(tmp_path / 'sp.model'),
+                                        vocab_size=24)
+
+
+def test_sentencepiece_sticky_eos(spm_path):
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  sp = spm.SentencePieceProcessor(model_file=spm_path)
+  tok = tokenizers.get_tokenizer('sentencepiece', spm_path, max_len=32)
+  eos = sp.piece_to_id('</s>')
+  assert eos == tok.eos_token == 2
+  got = tok(['a photo of a dog', 'a cat'])
+  for row, text in zip(got, ['a photo of a dog', 'a cat']):
+    n = int(np.argmax(row == eos))  # first </s>
+    assert sp.decode(row[:n].tolist()) == text
+    assert (row[n:] == eos).all()
+
+  short = tokenizers.get_tokenizer('sentencepiece', spm_path, max_len=3)(
+      ['a photo of a dog'])
+  np.testing.assert_array_equal(short[0], got[0][:2].tolist() + [eos])
+
+
+def test_unknown_tokenizer_and_missing_files(tmp_path, vocab_path):
+  with pytest.raises(ValueError, match='Unknown tokenizer'):
+    tokenizers.get_tokenizer('gpt2', vocab_path, 8)
+  with pytest.raises(FileNotFoundError):
+    tokenizers.get_tokenizer('sentencepiece', str(tmp_path / 'x.model'), 8)
+  with pytest.raises(ValueError, match='not a SentencePiece model'):
+    tokenizers.get_tokenizer('sentencepiece', vocab_path, 8)
+  with pytest.raises(TypeError, match='sequence of texts'):
+    tokenizers.get_tokenizer('bert', vocab_path, 8)('a dog')

@@ -1,0 +1,142 @@
+"""(image, caption) pairs for LiT training, as tf.data streams.
+
+Captions come from one of (`config.lit`):
+  a folder's captions file: `config.dataset` is a folder holding
+    `captions.tsv`, one `relative/image/path<TAB>caption` a line;
+  a tfds text feature: `text_key` names a string feature of the dataset;
+  class captions: `class_captions[label]` lists captions of each class; every
+    example draws one (stateless, from its position), as captions made from
+    class names and descriptions.
+
+The stream is a pure function of (seed, position), as `input_pipeline`'s:
+images are augmented by `input_pipeline.preprocess_train`, and the captions
+of each batch are tokenized by the tower's tokenizer.
+"""
+
+import os
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import input_pipeline
+
+CAPTIONS_FILE = 'captions.tsv'
+
+
+def read_captions_file(folder):
+  """([image paths], [captions]) of `folder`/captions.tsv."""
+  path = os.path.join(folder, CAPTIONS_FILE)
+  paths, captions = [], []
+  with tf.io.gfile.GFile(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      name, sep, caption = line.rstrip('\n').partition('\t')
+      if not sep or not caption.strip():
+        raise ValueError(f'{path}:{n}: expected "image path<TAB>caption".')
+      paths.append(os.path.join(folder, name))
+      captions.append(caption)
+  if not paths:
+    raise ValueError(f'{path} lists no images.')
+  return paths, captions
+
+
+def has_captions_file(config) -> bool:
+  return os.path.isfile(os.path.join(config.dataset, CAPTIONS_FILE))
+
+
+def captioned_examples(config):
+  """All of {'image': encoded bytes, 'caption' (or 'label' with class
+  captions)}, in a fixed order."""
+  lit = config.lit
+  if has_captions_file(config):
+    paths, captions = read_captions_file(config.dataset)
+    ds = tf.data.Dataset.from_tensor_slices((paths, captions))
+    return ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
+  builder = input_pipeline.get_builder(config)
+  ds = input_pipeline._read_encoded(builder, config.pp.train)  # pylint: disable=protected-access
+  if lit.text_key:
+    if lit.text_key not in builder.info.features:
+      raise ValueError(f'{config.dataset!r} has no feature {lit.text_key!r}; '
+                       f'it has {sorted(builder.info.features)}.')
+    return ds.map(lambda f: {'image': f['image'], 'caption': f[lit.text_key]})
+  check_class_captions(config)
+  return ds
+
+
+def check_class_captions(config):
+  """Raises unless captions come from a file, a feature, or one list of
+  captions per class of the training dataset."""
+  lit = config.lit
+  if has_captions_file(config) or lit.text_key:
+    return
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  if not lit.class_captions:
+    raise ValueError('No captions: give config.dataset a folder with '
+                     f'{CAPTIONS_FILE}, or set config.lit.text_key or '
+                     'config.lit.class_captions.')
+  if len(lit.class_captions) != info.num_classes:
+    raise ValueError(f'config.lit.class_captions has {len(lit.class_captions)}'
+                     f' lists for the {info.num_classes} classes.')
+  empty = [i for i, c in enumerate(lit.class_captions) if not c]
+  if empty:
+    raise ValueError(f'config.lit.class_captions has no captions for classes '
+                     f'{empty}.')
+
+
+def _class_caption(label, seed, class_captions):
+  """One of `class_captions[label]`, drawn with the stateless `seed`."""
+  table = tf.ragged.constant([list(c) for c in class_captions])
+  options = table[label]
+  i = tf.random.stateless_uniform([], seed, 0, tf.size(options, tf.int32),
+                                  dtype=tf.int32)
+  return options[i]
+
+
+def train_iterator(config, tokenizer, *, batch_size, start_step=0,
+                   rows=None):
+  """This process's rows of the global batches {'image', 'tokens'}, from
+  step `start_step` on (see `input_pipeline.shuffled_stream`)."""
+  base = captioned_examples(config)
+  n = int(base.cardinality())
+  if n < 0:
+    n = int(base.reduce(0, lambda count, _: count + 1))
+  ds, augment_seed = input_pipeline.shuffled_stream(
+      base, n, config, batch_size=batch_size, start_step=start_step,
+      rows=rows)
+  local_batch = batch_size if rows is None else len(rows)
+
+  def process(position, features):
+    image = tf.io.decode_image(features['image'], channels=3,
+                               expand_animations=False)
+    seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
+    caption = features.get('caption')
+    if caption is None:
+      caption = _class_caption(
+          features['label'], tf.random.experimental.stateless_fold_in(seed, 2),
+          config.lit.class_captions)
+    return {'image': input_pipeline.preprocess_train(image, seed, config.pp),
+            'caption': caption}
+
+  def tokenize(batch):
+    tokens = tf.numpy_function(lambda t: tokenizer(t.tolist()),
+                               [batch.pop('caption')], tf.int32)
+    batch['tokens'] = tf.ensure_shape(tokens,
+                                      [local_batch, tokenizer.max_len])
+    return batch
+
+  ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(local_batch, drop_remainder=True).map(tokenize)
+  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+
+
+def all_captions(config):
+  """Every caption text of the training data (to fit a vocabulary)."""
+  if has_captions_file(config):
+    return read_captions_file(config.dataset)[1]
+  if config.lit.text_key:
+    ds = captioned_examples(config).map(lambda f: f['caption'])
+    return [c.decode() for c in tfds.as_numpy(ds)]
+  return [c for captions in config.lit.class_captions for c in captions]
+

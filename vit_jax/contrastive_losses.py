@@ -1,0 +1,42 @@
+"""Image-text losses on L2-normalized embeddings of matching pairs.
+
+Row i of `zimg` and of `ztxt` come from the same (image, caption) pair; every
+other pairing in the batch is a negative.
+
+softmax (CLIP, LiT): InfoNCE in both directions, each image classifying its
+  caption among the batch's captions and each caption its image:
+  logits = t zimg ztxt^T, loss = mean_i (CE(row i, i) + CE(column i, i)) / 2.
+sigmoid (SigLIP, Zhai et al., ICCV 2023): every pair is a binary problem,
+  label +1 on the diagonal and -1 off it: logits = t zimg ztxt^T + b,
+  loss = -sum_ij log sigmoid(label_ij logits_ij) / batch.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def softmax_loss(zimg, ztxt, t, b=None):
+  """Symmetric InfoNCE; `b` is ignored (a softmax is shift-invariant)."""
+  del b
+  logits = t * zimg @ ztxt.T
+  labels = jnp.arange(logits.shape[0])
+  i2t = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  t2i = optax.softmax_cross_entropy_with_integer_labels(logits.T, labels)
+  return jnp.mean(i2t + t2i) / 2
+
+
+def sigmoid_loss(zimg, ztxt, t, b):
+  """SigLIP: a sum over all pairs of binary log-losses, per example."""
+  logits = t * zimg @ ztxt.T + b
+  labels = 2 * jnp.eye(logits.shape[0]) - 1
+  return -jnp.sum(jax.nn.log_sigmoid(labels * logits)) / logits.shape[0]
+
+
+LOSSES = {'softmax': softmax_loss, 'sigmoid': sigmoid_loss}
+
+
+def retrieval_accuracy(zimg, ztxt):
+  """Fraction of images whose own caption is the nearest one in the batch."""
+  return jnp.mean(jnp.argmax(zimg @ ztxt.T, axis=1) ==
+                  jnp.arange(zimg.shape[0]))

@@ -1,0 +1,122 @@
+"""Text tokenizers of the LiT towers, as the original's `preprocess.py`.
+
+  'bert': WordPiece, lower-cased and accents stripped, with the checkpoint's
+    vocabulary file (one token a line): [CLS] first, then up to max_len - 1
+    word pieces, padded with 0 (BertModel masks 0 as padding).
+  'sentencepiece': the checkpoint's SentencePiece model: pieces and </s>, cut
+    to max_len - 1 and padded with </s>, so the last token is always </s>
+    (TextTransformer reads the last token).
+
+Both run offline on the CPU: HuggingFace `tokenizers` (WordPiece) and
+`sentencepiece`, the libraries' own implementations of the two algorithms.
+"""
+
+import io
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf
+from tokenizers import Tokenizer
+from tokenizers import models as tok_models
+from tokenizers import normalizers
+from tokenizers import pre_tokenizers
+
+TOKENIZERS = ('bert', 'sentencepiece')
+
+
+def _read(path, mode='r'):
+  """A local or remote (gs://...) file's content, through tf.io.gfile."""
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f'Vocabulary file not found: {path}')
+  with tf.io.gfile.GFile(path, mode) as f:
+    return f.read()
+
+
+def _check_texts(texts) -> Sequence[str]:
+  if isinstance(texts, str):
+    raise TypeError('Tokenizers take a sequence of texts; wrap one text in a '
+                    'list.')
+  return [t.decode() if isinstance(t, bytes) else str(t) for t in texts]
+
+
+class BertTokenizer:
+  """BERT WordPiece with [CLS] prepended, to (n, max_len) int32."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    vocab = _read(vocab_path).split('\n')
+    if vocab and not vocab[-1]:
+      vocab.pop()  # the file's final newline
+    for special in ('[CLS]', '[UNK]'):
+      if special not in vocab:
+        raise ValueError(f'{vocab_path} is not a BERT vocabulary: no '
+                         f'{special} token.')
+    self.max_len = max_len
+    self.cls_token = vocab.index('[CLS]')
+    self.vocab_size = len(vocab)
+    ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
+    self._tokenizer = Tokenizer(tok_models.WordPiece(
+        ids, unk_token='[UNK]', max_input_chars_per_word=200))
+    self._tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    encoded = self._tokenizer.encode_batch(_check_texts(texts),
+                                           add_special_tokens=False)
+    out = np.zeros((len(encoded), self.max_len), np.int32)
+    out[:, 0] = self.cls_token
+    for row, e in zip(out, encoded):
+      pieces = e.ids[:self.max_len - 1]
+      row[1:1 + len(pieces)] = pieces
+    return out
+
+
+class SentencepieceTokenizer:
+  """SentencePiece with a sticky </s> last, to (n, max_len) int32."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    try:
+      self._sp = spm.SentencePieceProcessor(
+          model_proto=_read(vocab_path, 'rb'))
+    except RuntimeError as e:
+      raise ValueError(f'{vocab_path} is not a SentencePiece model: '
+                       f'{e}') from e
+    self.max_len = max_len
+    self.eos_token = self._sp.piece_to_id('</s>')
+    self.vocab_size = self._sp.get_piece_size()
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    encoded = self._sp.encode(_check_texts(texts), add_eos=True)
+    out = np.full((len(encoded), self.max_len), self.eos_token, np.int32)
+    for row, ids in zip(out, encoded):
+      ids = ids[:self.max_len - 1]
+      row[:len(ids)] = ids
+    return out
+
+
+def get_tokenizer(name: str, vocab_path: str, max_len: int):
+  """The tokenizer `name` ('bert' or 'sentencepiece') of a vocabulary file."""
+  if name not in TOKENIZERS:
+    raise ValueError(f'Unknown tokenizer {name!r}; expected one of '
+                     f'{TOKENIZERS}.')
+  if max_len < 2:
+    raise ValueError(f'max_len={max_len} leaves no room for a token.')
+  cls = BertTokenizer if name == 'bert' else SentencepieceTokenizer
+  return cls(vocab_path, max_len)
+
+
+def train_sentencepiece(texts: Iterable[str], path: str,
+                        vocab_size: int) -> str:
+  """Trains a SentencePiece model (unigram) on `texts`, writes it to `path`.
+
+  Pieces get ids from 3 on (unk 0, <s> 1, </s> 2, as the published models).
+  For small experiments whose captions have no published vocabulary.
+  """
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(list(texts)), model_writer=model,
+      vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
+      hard_vocab_limit=False, minloglevel=2, num_threads=1)
+  with tf.io.gfile.GFile(path, 'wb') as f:
+    f.write(model.getvalue())
+  return path
