@@ -193,11 +193,12 @@ def evaluate_checkpoint(config, workdir):
   """
   path = config.pretrained_path or (config.pretrained_dir and storage.join(
       config.pretrained_dir, f'{config.model_name}.npz'))
-  if not path:
+  try:
+    storage.local_copy(path or '')  # fails fast; fetched once if remote
+  except FileNotFoundError:
     raise FileNotFoundError(
         'trainer=fewshot evaluates a checkpoint: set pretrained_path or '
-        'pretrained_dir.')
-  storage.local_copy(path)  # fails fast; fetched once if remote
+        f'pretrained_dir to an existing .npz (got {path!r}).') from None
   config, params = load_frozen(config, path)
   evaluator = Evaluator(config)
   writer = metric_writers.create_default_writer(
