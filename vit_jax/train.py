@@ -382,7 +382,7 @@ def finish(config, workdir, params, result, seconds):
   """Exports the final parameters as .npz and writes `results.json`."""
   export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
   step = config.total_steps
-  _write_results(config, workdir, result, step=step,
+  write_results(config, workdir, result, step=step,
                  seconds_since_start=seconds)
   print(f'Done: {step} steps, test accuracy {result["accuracy"]:.4f}, '
         f'{seconds:.0f} s since start or resume.', flush=True)
@@ -410,7 +410,7 @@ def _setup(config, workdir, max_to_keep=None):
   return mesh, info, manager
 
 
-def _write_results(config, workdir, result, **extra):
+def write_results(config, workdir, result, **extra):
   """`{workdir}/results.json` (process 0), naming the model and dataset
   for `scripts/collect_results.py`."""
   if jax.process_index() == 0:
@@ -465,7 +465,7 @@ def evaluate_only(config: ml_collections.ConfigDict, workdir: str):
   source = path or f'step {step} of {workdir}'
   print(f'{source}: test accuracy {result["accuracy"]:.4f}  loss '
         f'{result["loss"]:.4f}  ({result["count"]} examples)', flush=True)
-  _write_results(config, workdir, result, step=step, checkpoint=source)
+  write_results(config, workdir, result, step=step, checkpoint=source)
   return result
 
 

@@ -235,8 +235,8 @@ def _make_step_fn(config, mesh, shardings):
 
 def _finish(config, workdir, params, result, seconds):
   train.export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
-  train._write_results(config, workdir, result, step=config.total_steps,  # pylint: disable=protected-access
-                       seconds_since_start=seconds)
+  train.write_results(config, workdir, result, step=config.total_steps,
+                      seconds_since_start=seconds)
   print(f'Done: {config.total_steps} steps, zero-shot accuracy '
         f'{result["zeroshot_accuracy"]:.4f}, {seconds:.0f} s.', flush=True)
 

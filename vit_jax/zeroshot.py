@@ -140,5 +140,5 @@ def zeroshot(config, workdir):
   result = evaluate(model, params, classes, info, config, mesh)
   print(f'{path}: zero-shot accuracy {result["zeroshot_accuracy"]:.4f} '
         f'({result["count"]} examples, {len(names)} classes)', flush=True)
-  train._write_results(workdir, result, checkpoint=path)  # pylint: disable=protected-access
+  train.write_results(config, workdir, result, checkpoint=path)
   return result
