@@ -378,6 +378,20 @@ def _every(step: int, period: int) -> bool:
   return bool(period) and step % period == 0
 
 
+def wrap_up(config, step, progress, manager, writer, finish_run):
+  """After the loop: waits for the last save; `finish_run()` if the run is
+  complete, else says how to continue."""
+  progress.close()
+  manager.wait_until_finished()
+  manager.close()
+  writer.flush()
+  if step == config.total_steps:
+    finish_run()
+  else:
+    print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
+          'same command to continue.', flush=True)
+
+
 def finish(config, workdir, params, result, seconds):
   """Exports the final parameters as .npz and writes `results.json`."""
   export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
@@ -512,14 +526,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str):
       if preempted:
         break
 
-  progress.close()
-  manager.wait_until_finished()
-  manager.close()
-  writer.flush()
-  if step == config.total_steps:
-    finish(config, workdir, state.params, result,
-           time.perf_counter() - t_start)
-  else:
-    print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
-          'same command to continue.', flush=True)
+  wrap_up(config, step, progress, manager, writer, lambda: finish(
+      config, workdir, state.params, result, time.perf_counter() - t_start))
   return state.params

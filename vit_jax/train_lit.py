@@ -277,14 +277,6 @@ def train_lit(config, workdir):
         manager.save(step, args=ocp.args.StandardSave(state), force=True)
       if preempted:
         break
-  progress.close()
-  manager.wait_until_finished()
-  manager.close()
-  writer.flush()
-  if step == config.total_steps:
-    _finish(config, workdir, state.params, result,
-            time.perf_counter() - t_start)
-  else:
-    print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
-          'same command to continue.', flush=True)
+  train.wrap_up(config, step, progress, manager, writer, lambda: _finish(
+      config, workdir, state.params, result, time.perf_counter() - t_start))
   return state.params
