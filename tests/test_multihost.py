@@ -98,11 +98,18 @@ def _assert_same_params(workdir, reference):
 
 
 @pytest.fixture(scope='module')
-def reference(fmnist_dirs, tmp_path_factory):
-  """An uninterrupted run: 1 process, 8 devices (data prepared once first)."""
+def prepared(fmnist_dirs):
+  """The tiny dataset, prepared once before processes start to read it."""
   config = default.get_config()
   config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
   input_pipeline.get_builder(config)
+  return fmnist_dirs
+
+
+@pytest.fixture(scope='module')
+def reference(prepared, tmp_path_factory):
+  """An uninterrupted run: 1 process, 8 devices."""
+  fmnist_dirs = prepared
   workdir = str(tmp_path_factory.mktemp('reference'))
   _run(workdir, fmnist_dirs, 1)
   return workdir
@@ -158,3 +165,15 @@ def test_lost_process_stops_the_others(reference, fmnist_dirs, tmp_path):
   assert 'tasks are unhealthy' in log and '\n1\n' in log, log[-2000:]
   _run(workdir, fmnist_dirs, 1)
   _assert_same_params(workdir, reference)
+
+
+def test_lost_coordinator_stops_the_others(prepared, tmp_path):
+  """kill -9 of process 0, which runs JAX's coordination service."""
+  workdir = str(tmp_path)
+  procs = _start(workdir, prepared, 2, ['--heartbeat_timeout=5'])
+  _signal_when(procs, workdir, '[10/', target=0, sig=signal.SIGKILL)
+  killed = time.time()
+  procs[1].wait(timeout=120)
+  assert time.time() - killed < 60
+  assert procs[1].returncode != 0
+  assert 'coordination service' in _log(workdir, 1)
