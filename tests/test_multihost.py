@@ -151,17 +151,23 @@ def test_one_process_checkpoint_resumes_on_two(reference, fmnist_dirs,
   _assert_same_params(workdir, reference)
 
 
+def _kill_one(workdir, fmnist_dirs, line, lost):
+  """kill -9 of process `lost` once `line` is printed; returns the other's
+  log after it stopped, failing unless it did so within a minute."""
+  procs = _start(workdir, fmnist_dirs, 2, ['--heartbeat_timeout=5'])
+  _signal_when(procs, workdir, line, target=lost, sig=signal.SIGKILL)
+  killed, survivor = time.time(), 1 - lost
+  procs[survivor].wait(timeout=120)
+  assert time.time() - killed < 60
+  assert procs[survivor].returncode != 0
+  return _log(workdir, survivor)
+
+
 def test_lost_process_stops_the_others(reference, fmnist_dirs, tmp_path):
   """kill -9 of process 1: process 0 stops within the heartbeat timeout,
   naming the lost process, and the last complete checkpoint resumes."""
   workdir = str(tmp_path)
-  procs = _start(workdir, fmnist_dirs, 2, ['--heartbeat_timeout=5'])
-  _signal_when(procs, workdir, '[25/', target=1, sig=signal.SIGKILL)
-  killed = time.time()
-  procs[0].wait(timeout=120)
-  assert time.time() - killed < 60
-  assert procs[0].returncode != 0
-  log = _log(workdir)
+  log = _kill_one(workdir, fmnist_dirs, '[25/', lost=1)
   assert 'tasks are unhealthy' in log and '\n1\n' in log, log[-2000:]
   _run(workdir, fmnist_dirs, 1)
   _assert_same_params(workdir, reference)
@@ -169,11 +175,5 @@ def test_lost_process_stops_the_others(reference, fmnist_dirs, tmp_path):
 
 def test_lost_coordinator_stops_the_others(prepared, tmp_path):
   """kill -9 of process 0, which runs JAX's coordination service."""
-  workdir = str(tmp_path)
-  procs = _start(workdir, prepared, 2, ['--heartbeat_timeout=5'])
-  _signal_when(procs, workdir, '[10/', target=0, sig=signal.SIGKILL)
-  killed = time.time()
-  procs[1].wait(timeout=120)
-  assert time.time() - killed < 60
-  assert procs[1].returncode != 0
-  assert 'coordination service' in _log(workdir, 1)
+  log = _kill_one(str(tmp_path), prepared, '[10/', lost=0)
+  assert 'coordination service' in log

@@ -11,8 +11,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, 'notebooks', '*.ipynb')))
 
 
-def _outputs(path):
-  with open(path) as f:
+def _run_smoke(name, tmp_path):
+  """Runs notebooks/`name` with SMOKE = True in `tmp_path`; its text output."""
+  out = tmp_path / 'out.ipynb'
+  papermill.execute_notebook(
+      os.path.join(ROOT, 'notebooks', name), str(out),
+      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
+      execution_timeout=600)
+  with open(out) as f:
     cells = json.load(f)['cells']
   return '\n'.join(''.join(o.get('text', '')) for c in cells
                    for o in c.get('outputs', []))
@@ -29,12 +35,7 @@ def test_notebook_conventions(path):
 
 
 def test_vit_jax_notebook(tmp_path):
-  out = tmp_path / 'out.ipynb'
-  papermill.execute_notebook(
-      os.path.join(ROOT, 'notebooks', 'vit_jax.ipynb'), str(out),
-      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
-      execution_timeout=600)
-  text = _outputs(out)
+  text = _run_smoke('vit_jax.ipynb', tmp_path)
   assert 'position embedding (1, 5, 10) -> (1, 10, 10)' in text
   assert 'Done: 20 steps, test accuracy' in text
   assert "'count': 20" in text  # the evaluation of the fine-tuned model
@@ -43,12 +44,7 @@ def test_vit_jax_notebook(tmp_path):
 
 
 def test_attention_notebook(tmp_path):
-  out = tmp_path / 'out.ipynb'
-  papermill.execute_notebook(
-      os.path.join(ROOT, 'notebooks', 'attention.ipynb'), str(out),
-      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
-      execution_timeout=600)
-  text = _outputs(out)
+  text = _run_smoke('attention.ipynb', tmp_path)
   assert '4 images of 32x32 px' in text
   assert 'layer 0: ' in text
   figures = tmp_path / 'vit_jax_attention' / 'figures'
@@ -58,12 +54,7 @@ def test_attention_notebook(tmp_path):
 
 
 def test_lit_notebook(tmp_path):
-  out = tmp_path / 'out.ipynb'
-  papermill.execute_notebook(
-      os.path.join(ROOT, 'notebooks', 'lit.ipynb'), str(out),
-      parameters={'SMOKE': True}, cwd=str(tmp_path), progress_bar=False,
-      execution_timeout=600)
-  text = _outputs(out)
+  text = _run_smoke('lit.ipynb', tmp_path)
   assert 'tokens of "a photo of a cat.": [ 2' in text  # [CLS] first
   assert 'similarity matrix (8, 10)' in text
   assert 'zero-shot accuracy' in text and 'on 8 images' in text

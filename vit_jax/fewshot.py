@@ -10,10 +10,8 @@ output. The regularization is fixed (big_vision's 2^10), as the paper did,
 not tuned per task.
 """
 
-import json
 
 from clu import metric_writers
-from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -22,7 +20,6 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import models
-from vit_jax import models_vit
 from vit_jax import sharding
 from vit_jax import storage
 
@@ -176,12 +173,9 @@ def load_frozen(config, path):
   image = jnp.zeros((1, config.pp.crop, config.pp.crop, 3))
   abstract = jax.eval_shape(lambda: model.init(
       jax.random.key(0), image, train=False))['params']
-  grid = None
-  if models.model_class(config.model_name) is models.VisionTransformer:
-    grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
   return config, checkpoint.load_pretrained(
       pretrained_path=path, init_params=abstract, model_config=config.model,
-      new_grid=grid)
+      new_grid=models.token_grid(config))
 
 
 def evaluate_checkpoint(config, workdir):
@@ -191,8 +185,8 @@ def evaluate_checkpoint(config, workdir):
   .npz`); the data `config.fewshot.dataset` (default: `config.dataset`).
   Writes `{workdir}/results.json`.
   """
-  path = config.pretrained_path or (config.pretrained_dir and storage.join(
-      config.pretrained_dir, f'{config.model_name}.npz'))
+  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  path = train.pretrained_path(config)
   try:
     storage.local_copy(path or '')  # fails fast; fetched once if remote
   except FileNotFoundError:
@@ -205,12 +199,7 @@ def evaluate_checkpoint(config, workdir):
       workdir, just_logging=jax.process_index() > 0)
   metrics = evaluator.report(params, writer, 0)
   writer.flush()
-  if jax.process_index() == 0:
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    text = json.dumps(dict(metrics, model_name=config.model_name,
-                           dataset=evaluator.name, pretrained=path,
-                           checkpoint=path, l2_reg=evaluator.l2_reg))
-    storage.write_atomic(storage.join(workdir, 'results.json'),
-                         lambda f: f.write(text.encode()))
+  train.write_results(config, workdir, metrics, dataset=evaluator.name,
+                      checkpoint=path, l2_reg=evaluator.l2_reg)
   return metrics
 

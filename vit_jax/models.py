@@ -30,6 +30,14 @@ def get_model(name: str, **kw) -> nn.Module:
   return model_class(name)(**config)
 
 
+def token_grid(config):
+  """The patch grid of `config`'s ViT at `pp.crop`; None for a Mixer, whose
+  token count is fixed."""
+  if model_class(config.model_name) is not VisionTransformer:
+    return None
+  return models_vit.token_grid(config.model, (config.pp.crop,) * 2)
+
+
 def model_class(name: str):
   """The model family of a preset or custom model name."""
   if name.startswith('LiT-'):

@@ -6,6 +6,7 @@ numpy can read them.
 """
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -93,6 +94,13 @@ def local_copy(path, timeout: float = 60.) -> str:
     if os.path.exists(tmp):
       os.remove(tmp)
   return cached
+
+
+def write_json(path, data) -> None:
+  """`data` as JSON at `path` (local or in a bucket), atomically."""
+  epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
+  text = json.dumps(data)
+  write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def write_atomic(path, write) -> None:

@@ -6,7 +6,6 @@ As flax's imagenet example: `create_train_state`, pure `train_step` and
 
 import datetime
 import functools
-import json
 import signal
 import threading
 import time
@@ -14,7 +13,6 @@ import time
 from absl import logging
 import chex
 from clu import metric_writers
-from etils import epath
 from flax.training import train_state
 import jax
 from jax.experimental import multihost_utils
@@ -29,7 +27,6 @@ from vit_jax import checkpoint
 from vit_jax import fewshot
 from vit_jax import input_pipeline
 from vit_jax import models
-from vit_jax import models_vit
 from vit_jax import sharding
 from vit_jax import storage
 
@@ -183,12 +180,9 @@ def _restore(manager, abstract, shardings):
 
 def _fine_tune_from(path, state, config, shardings):
   """`state` with the pretrained parameters of `path`, for this model."""
-  grid = None  # a Mixer: its token count is fixed
-  if models.model_class(config.model_name) is models.VisionTransformer:
-    grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
   params = checkpoint.load_pretrained(
       pretrained_path=path, init_params=jax.device_get(state.params),
-      model_config=config.model, new_grid=grid)
+      model_config=config.model, new_grid=models.token_grid(config))
   print(f'Fine-tuning from {path}.', flush=True)
   return state.replace(params=jax.device_put(params, shardings.params))
 
@@ -425,15 +419,12 @@ def _setup(config, workdir, max_to_keep=None):
 
 
 def write_results(config, workdir, result, **extra):
-  """`{workdir}/results.json` (process 0), naming the model and dataset
-  for `scripts/collect_results.py`."""
+  """`{workdir}/results.json` (process 0), naming the model, dataset and
+  pretrained checkpoint for `scripts/collect_results.py` (`extra` wins)."""
   if jax.process_index() == 0:
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    text = json.dumps(dict(result, model_name=config.model_name,
-                           dataset=config.dataset,
-                           pretrained=pretrained_path(config), **extra))
-    storage.write_atomic(storage.join(workdir, 'results.json'),
-                         lambda f: f.write(text.encode()))
+    storage.write_json(storage.join(workdir, 'results.json'), {
+        'model_name': config.model_name, 'dataset': config.dataset,
+        'pretrained': pretrained_path(config), **result, **extra})
 
 
 def _checkpoint_params(config, abstract_params, path):

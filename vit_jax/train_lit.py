@@ -10,10 +10,10 @@ zero-shot accuracy as the evaluation.
 """
 
 import functools
-import os
 import time
 
 from clu import metric_writers
+from etils import epath
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
@@ -45,10 +45,7 @@ def validate_lit_config(config, num_devices_data: int):
   if config.lit.loss == 'sigmoid' and config.model.bias_init is None:
     raise ValueError("config.lit.loss='sigmoid' needs a learned bias: set "
                      'config.model.bias_init (SigLIP uses -10).')
-  for template in config.zeroshot.templates:
-    if '{}' not in template:
-      raise ValueError(f'Prompt template {template!r} has no {{}} for the '
-                       'class name.')
+  zeroshot.check_templates(config.zeroshot.templates)
   if config.model.pp.tokenizer_name not in tokenizers.TOKENIZERS:
     raise ValueError(f'config.model.pp.tokenizer_name='
                      f'{config.model.pp.tokenizer_name!r}; expected one of '
@@ -77,14 +74,14 @@ def get_tokenizer(config, workdir):
   """The configured vocabulary; without one, SentencePiece fitted to the
   training captions once, in `{workdir}/vocab.model`."""
   path = zeroshot.vocab_path(config, workdir)
-  if not config.lit.vocab_path and not os.path.exists(path):
+  if not config.lit.vocab_path and not epath.Path(path).exists():
     if config.model.pp.tokenizer_name != 'sentencepiece':
       raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
                        'set config.lit.vocab_path to a BERT vocab.txt.')
     if jax.process_count() > 1:  # each process would fit its own
       raise ValueError('Fit the vocabulary in a one-process run, or set '
                        'config.lit.vocab_path, for a multi-process run.')
-    os.makedirs(workdir, exist_ok=True)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     tokenizers.train_sentencepiece(caption_data.all_captions(config), path,
                                    config.model.text.vocab_size)
   tokenizer = tokenizers.get_tokenizer(config.model.pp.tokenizer_name, path,
@@ -183,17 +180,6 @@ def lit_train_step(state, batch, *, rng, loss):
   return state.apply_gradients(grads=grads), metrics
 
 
-def _zeroshot_eval(model, tokenizer, names, info, config, mesh):
-  """A function of the parameters: zero-shot accuracy on the test split."""
-  config = zeroshot.eval_config(config)
-
-  def run(params):
-    classes = zeroshot.class_embeddings(model, params, tokenizer, names,
-                                        tuple(config.zeroshot.templates))
-    return zeroshot.evaluate(model, params, classes, info, config, mesh)
-  return run
-
-
 def _evaluate_and_report(evaluate, state, writer, step, config):
   result = evaluate(state.params)
   print(f'[{step}/{config.total_steps}] zero-shot accuracy '
@@ -251,7 +237,8 @@ def train_lit(config, workdir):
     manager.close()
     return state.params
   step_fn = _make_step_fn(config, mesh, shardings)
-  evaluate = _zeroshot_eval(model, tokenizer, names, info, config, mesh)
+  evaluate = zeroshot.make_evaluator(model, tokenizer, names, info,
+                                     zeroshot.eval_config(config), mesh)
   writer = metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
   batches = train._global_batches(caption_data.train_iterator(  # pylint: disable=protected-access

@@ -7,7 +7,6 @@ Each class's text embedding is the mean over prompt templates ('a photo of a
 """
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -23,18 +22,30 @@ from vit_jax import train
 DEFAULT_TEMPLATES = ('a photo of a {}.', 'a {}.', 'a picture of a {}.')
 
 
-def class_embeddings(model, params, tokenizer, class_names,
-                     templates=DEFAULT_TEMPLATES, batch=256):
-  """(classes, D) normalized means of the templates' text embeddings."""
+def check_templates(templates):
   for template in templates:
     if '{}' not in template:
       raise ValueError(f'Prompt template {template!r} has no {{}} for the '
                        'class name.')
+
+
+def text_embedder(model):
+  """Jitted (params, tokens) -> normalized text embeddings."""
+  return jax.jit(lambda params, tokens: model.apply({'params': params},
+                                                    tokens=tokens)[1])
+
+
+def class_embeddings(model, params, tokenizer, class_names,
+                     templates=DEFAULT_TEMPLATES, batch=256, embed=None):
+  """(classes, D) normalized means of the templates' text embeddings.
+
+  `embed` is a `text_embedder(model)` to reuse (one compilation).
+  """
+  check_templates(templates)
   texts = [t.format(name) for name in class_names for t in templates]
-  embed = jax.jit(lambda tokens: model.apply({'params': params},
-                                             tokens=tokens)[1])
+  embed = embed or text_embedder(model)
   tokens = tokenizer(texts)
-  ztxt = np.concatenate([embed(tokens[i:i + batch])
+  ztxt = np.concatenate([embed(params, tokens[i:i + batch])
                          for i in range(0, len(tokens), batch)])
   z = ztxt.reshape(len(class_names), len(templates), -1).mean(1)
   return z / np.linalg.norm(z, axis=1, keepdims=True)
@@ -80,12 +91,15 @@ def class_names(config, info):
   return [n.replace('_', ' ') for n in names]
 
 
-def evaluate(model, params, classes, info, config, mesh):
-  """Zero-shot accuracy over every test example."""
+def evaluate(model, params, classes, info, config, mesh, step=None):
+  """Zero-shot accuracy over every test example.
+
+  `step` is a jitted `eval_step` of `model` to reuse (one compilation).
+  """
   batches = input_pipeline.eval_batches(
       info, config,
       batch_size=input_pipeline.host_batch_size(config.batch_eval))
-  step = jax.jit(functools.partial(eval_step, model=model))
+  step = step or jax.jit(functools.partial(eval_step, model=model))
   totals = None
   for batch in train._global_batches(batches, mesh, config.batch_eval):  # pylint: disable=protected-access
     out = step(params, batch, classes)
@@ -94,6 +108,20 @@ def evaluate(model, params, classes, info, config, mesh):
   count = float(totals['count'])
   return {'zeroshot_accuracy': float(totals['correct']) / count,
           'count': int(count)}
+
+
+def make_evaluator(model, tokenizer, names, info, config, mesh):
+  """params -> zero-shot accuracy on the test split, compiled once for every
+  evaluation of a run."""
+  embed = text_embedder(model)
+  step = jax.jit(functools.partial(eval_step, model=model))
+  templates = tuple(config.zeroshot.templates)
+
+  def run(params):
+    classes = class_embeddings(model, params, tokenizer, names, templates,
+                               embed=embed)
+    return evaluate(model, params, classes, info, config, mesh, step=step)
+  return run
 
 
 def lit_checkpoint_path(config, workdir):
@@ -112,7 +140,7 @@ def lit_checkpoint_path(config, workdir):
 
 def vocab_path(config, workdir):
   """`config.lit.vocab_path`, else the vocabulary a LiT run fitted."""
-  return config.lit.vocab_path or os.path.join(workdir, 'vocab.model')
+  return config.lit.vocab_path or storage.join(workdir, 'vocab.model')
 
 
 def zeroshot(config, workdir):
@@ -135,9 +163,8 @@ def zeroshot(config, workdir):
       source=f'Checkpoint {path}')
   params = jax.device_put(params, jax.sharding.NamedSharding(
       mesh, jax.sharding.PartitionSpec()))
-  classes = class_embeddings(model, params, tokenizer, names,
-                             tuple(config.zeroshot.templates))
-  result = evaluate(model, params, classes, info, config, mesh)
+  result = make_evaluator(model, tokenizer, names, info, config,
+                          mesh)(params)
   print(f'{path}: zero-shot accuracy {result["zeroshot_accuracy"]:.4f} '
         f'({result["count"]} examples, {len(names)} classes)', flush=True)
   train.write_results(config, workdir, result, checkpoint=path)
