@@ -214,7 +214,7 @@ def shuffled_stream(base, n: int, config, *, batch_size: int,
 
   ds = tf.data.Dataset.range(first_epoch, 1 << 40).flat_map(epoch)
   ds = ds.enumerate(start=first_epoch * n).skip(offset)
-  if rows is not None:
+  if rows is not None and len(rows) < batch_size:  # one of several processes
     mine = tf.constant(np.isin(np.arange(batch_size), rows))
     # Batches start at multiples of batch_size: the row is position % batch.
     ds = ds.filter(lambda position, _: mine[position % batch_size])
