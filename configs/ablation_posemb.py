@@ -25,6 +25,6 @@ def get_config(variant: str = 'learn') -> ml_collections.ConfigDict:
   else:
     config.model.posemb = variant
   config.total_steps = 1500
-  config.eval_every = 0
+  config.evals.test.every = 0
   config.checkpoint_every = 0
   return config.lock()

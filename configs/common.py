@@ -50,23 +50,19 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.progress_every = 10
   config.progress_bar = False  # a tqdm bar (notebooks) instead of lines
-  config.eval_every = 100  # 0: only at the end
   config.checkpoint_every = 1_000  # 0: only at the end
   config.max_to_keep = 3
-  # 'train'; 'evaluate': a checkpoint's test accuracy, no training;
-  # 'fewshot': a checkpoint's few-shot linear accuracy (`fewshot` below);
-  # 'inference_time': forward img/s, no data.
+  # 'train' (supervised classification) or 'lit' trains a task; 'evaluate'
+  # runs the evaluators below on a checkpoint, no training ('fewshot' and
+  # 'zeroshot': only those of that type); 'inference_time': forward img/s.
   config.trainer = 'train'
-  # Few-shot linear evaluation of the pre-logits (vit_jax/fewshot.py): in
-  # training every `every` steps (0: never), and for trainer='fewshot'.
-  config.fewshot = ml_collections.ConfigDict()
-  config.fewshot.every = 0
-  config.fewshot.dataset = ''  # a tfds name; '' is config.dataset
-  config.fewshot.train = 'train'  # split the shots are drawn from
-  config.fewshot.test = 'test'
-  config.fewshot.shots = (1, 5, 10, 25)
-  config.fewshot.seeds = 3  # numpy seeds 0 .. seeds-1 draw the shots
-  config.fewshot.l2_reg = 2.0**10  # fixed, as big_vision's and the paper's
+  # Evaluators, as big_vision's: name -> type, `every` (steps; 0: at the end
+  # only; None: never in training, only trainer='evaluate') and settings.
+  config.evals = ml_collections.ConfigDict()
+  config.evals.test = ml_collections.ConfigDict(dict(
+      type='classification', every=100,
+      dataset='', split=''))  # '': config.dataset and pp.test
+  config.evals.fewshot = fewshot_evaluator()
 
   # Devices: [(axis, size)], one size may be -1; sharding rules are
   # [(regex over parameter paths, PartitionSpec tuple)], unmatched = replicated.
@@ -76,6 +72,20 @@ def get_config() -> ml_collections.ConfigDict:
   # their optimizer state split over `data`, to fit bigger models).
   config.sharding_strategy = 'replicate'
   return config
+
+
+def fewshot_evaluator(every=None) -> ml_collections.ConfigDict:
+  """Few-shot linear evaluation of the pre-logits (paper, Sec. 4.1)."""
+  return ml_collections.ConfigDict(dict(
+      type='fewshot',
+      every=ml_collections.config_dict.placeholder(int) if every is None
+      else every,
+      dataset='',  # a tfds name; '' is config.dataset
+      train='train',  # split the shots are drawn from
+      test='test',
+      shots=(1, 5, 10, 25),
+      seeds=3,  # numpy seeds 0 .. seeds-1 draw the shots
+      l2_reg=2.0**10))  # fixed, as big_vision's and the paper's
 
 
 # The paper's fine-tuning setups (Appendix B.1.1): steps per dataset at 384 px.

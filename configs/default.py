@@ -39,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch = 128
   config.batch_eval = 1000
   config.shuffle_buffer = 60_000
-  config.eval_every = 1000
+  config.evals.test.every = 1000
   config.progress_every = 100
   config.checkpoint_every = 500
   return config.lock()

@@ -29,6 +29,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.warmup_steps = 50
   config.total_steps = 500
   config.batch = 128
-  config.eval_every = 0
+  config.evals.test.every = 0
   config.checkpoint_every = 0
   return config.lock()

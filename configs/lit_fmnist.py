@@ -10,8 +10,8 @@ zero-shot classification of the test set from the class names alone.
       --config.trainer=zeroshot --workdir=/tmp/lit_fmnist
 
 The argument picks the loss: 'softmax' (LiT's InfoNCE) or 'sigmoid'
-(SigLIP's, with its learned bias). The README's "Image-text models (LiT)"
-section records the numbers of both.
+(SigLIP's, with its learned bias). docs/lit.md records the numbers of
+both.
 """
 
 import ml_collections
@@ -81,7 +81,11 @@ def get_config(loss='softmax') -> ml_collections.ConfigDict:
       'text_key': '',  # a tfds string feature, instead of class captions
       'class_captions': class_captions(),
   })
-  config.zeroshot = ml_collections.ConfigDict({
+  # Zero-shot classification of the test set from the class names alone.
+  config.evals = ml_collections.ConfigDict()
+  config.evals.zeroshot = ml_collections.ConfigDict({
+      'type': 'zeroshot',
+      'every': 250,
       # The test data: '' for the training dataset and its pp.test split.
       'dataset': '',
       'split': '',
@@ -99,7 +103,6 @@ def get_config(loss='softmax') -> ml_collections.ConfigDict:
   config.batch = 128
   config.batch_eval = 1000
   config.shuffle_buffer = 60_000
-  config.eval_every = 250
   config.progress_every = 50
   config.checkpoint_every = 250
   return config.lock()

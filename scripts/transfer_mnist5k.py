@@ -26,8 +26,9 @@ import tensorflow as tf
 from configs import default
 from configs import finetune_mnist5k
 from scripts import collect_results
-from vit_jax import fewshot
+from vit_jax import loop
 from vit_jax import train
+from vit_jax.tasks import classification
 
 flags.DEFINE_string('pretrained_dir', None, 'Workdir of the default job.',
                     required=True)
@@ -58,7 +59,7 @@ def finetune(seed, pretrained):
 def fewshot_config(seed):
   config = default.get_config().unlock()
   config.trainer, config.seed = 'fewshot', seed
-  config.fewshot.dataset = 'mnist5k'
+  config.evals.fewshot.dataset = 'mnist5k'
   return config
 
 
@@ -67,7 +68,7 @@ def fewshot_pretrained():
   if not _done(workdir):
     config = fewshot_config(0)
     config.pretrained_dir = FLAGS.pretrained_dir
-    fewshot.evaluate_checkpoint(config.lock(), workdir)
+    train.evaluate(config.lock(), workdir)
   return workdir
 
 
@@ -76,14 +77,14 @@ def fewshot_random_init(seed):
   workdir = os.path.join(FLAGS.workdir, NONE, f'fewshot_s{seed}')
   if not _done(workdir):
     config = fewshot_config(seed)
-    model = train.make_model(config, 10)
+    model = classification.make_model(config, 10)
     params = model.init(jax.random.key(seed), jax.numpy.zeros(
         (1, config.pp.crop, config.pp.crop, 3)), train=False)['params']
     path = os.path.join(workdir, 'init', f'{config.model_name}.npz')
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    train.export_npz(params, path)
+    loop.export_npz(params, path)
     config.pretrained_path = path
-    fewshot.evaluate_checkpoint(config.lock(), workdir)
+    train.evaluate(config.lock(), workdir)
   return workdir
 
 

@@ -63,6 +63,6 @@ def make_tiny_config(fmnist_dirs):
   config.base_lr = 0.01
   config.shuffle_buffer = 100
   config.progress_every = 2
-  config.eval_every = 0
+  config.evals.test.every = 0
   config.checkpoint_every = 2
   return config

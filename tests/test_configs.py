@@ -7,7 +7,8 @@ from configs import default
 from configs import finetune_mnist5k
 from configs import vit
 from vit_jax import models
-from vit_jax import train
+from vit_jax import loop
+from vit_jax.tasks import classification
 
 
 @pytest.mark.parametrize('dataset,steps,train_split', [
@@ -24,7 +25,7 @@ def test_vit_fine_tuning_presets(dataset, steps, train_split):
   assert config.model.to_dict() == models.MODEL_CONFIGS['ViT-B_16'].to_dict()
   with pytest.raises(AttributeError):
     config.learning_rate = 0.1  # locked: unknown keys fail at once
-  train.validate_config(config, 8)
+  loop.validate_config(config, 8)
 
 
 def test_unknown_names():
@@ -42,8 +43,8 @@ def test_unknown_names():
       for v in ablation_posemb.VARIANTS]])
 def test_offline_configs_build_their_model(get_config):
   config = get_config()
-  train.validate_config(config, 1)
-  model = train.make_model(config, 10)
+  loop.validate_config(config, 1)
+  model = classification.make_model(config, 10)
   image = (1, config.pp.crop, config.pp.crop, 3)
   assert models.count_params(model, image) > 100_000
 
@@ -64,8 +65,8 @@ def test_hybrid_and_mixer_fine_tuning_configs(arg, name, crop):
   config = vit.get_config(arg)
   assert (config.model_name, config.pp.crop) == (name, crop)
   assert config.model.to_dict() == models.MODEL_CONFIGS[name].to_dict()
-  train.validate_config(config, 8)
-  model = train.make_model(config, 10)
+  loop.validate_config(config, 8)
+  model = classification.make_model(config, 10)
   assert isinstance(model, models.MlpMixer if name.startswith('Mixer')
                     else models.VisionTransformer)
   shape = (1, config.pp.crop, config.pp.crop, 3)

@@ -11,9 +11,11 @@ from sklearn import linear_model
 
 import helpers
 from vit_jax import checkpoint
-from vit_jax import fewshot
 from vit_jax import models
+from vit_jax import sharding
 from vit_jax import train
+from vit_jax.evaluators import fewshot
+from vit_jax.tasks import classification
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -75,8 +77,14 @@ def test_headless_model_outputs_the_pre_logits():
 
 
 def _fewshot_config(tiny_config, **kw):
-  tiny_config.fewshot.update(dict(shots=(1, 2), seeds=2, **kw))
+  tiny_config.evals.fewshot.update(dict(shots=(1, 2), seeds=2, **kw))
   return tiny_config
+
+
+def _evaluator(config):
+  return fewshot.Evaluator('fewshot', config.evals.fewshot, config=config,
+                           model=classification.make_model(config, 10),
+                           mesh=sharding.make_mesh(config.mesh))
 
 
 def test_training_hook_writes_fewshot_accuracy(tiny_config, tmp_path, capsys):
@@ -92,27 +100,27 @@ def test_training_hook_writes_fewshot_accuracy(tiny_config, tmp_path, capsys):
 
 def test_trainer_fewshot(tiny_config, tmp_path):
   config = _fewshot_config(tiny_config)
-  model = train.make_model(config, 10)
+  model = classification.make_model(config, 10)
   params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
                                  train=False)
   checkpoint.save(params, tmp_path / 'testing.npz')
   config.trainer, config.pretrained_dir = 'fewshot', str(tmp_path)
-  metrics = fewshot.evaluate_checkpoint(config, str(tmp_path / 'fs'))
+  metrics = train.evaluate(config, str(tmp_path / 'fs'))
   with open(tmp_path / 'fs' / 'results.json') as f:
     results = json.load(f)
   assert results['fewshot_1shot'] == metrics['fewshot_1shot']
   assert results['dataset'] == 'fashion_mnist_local'
   # Features of every example: the fake test split has 37.
-  evaluator = fewshot.Evaluator(config)
+  evaluator = _evaluator(config)
   feats, labels = evaluator.features(params, config.pp.test)
   assert feats.shape == (37, 10) and len(labels) == 37
 
   config.pretrained_dir = str(tmp_path / 'none')
-  with pytest.raises(FileNotFoundError, match='trainer=fewshot'):
-    fewshot.evaluate_checkpoint(config, str(tmp_path / 'fs'))
-  config.fewshot.shots = (0,)
+  with pytest.raises(FileNotFoundError, match='none/testing.npz'):
+    train.evaluate(config, str(tmp_path / 'fs'))
+  config.evals.fewshot.shots = (0,)
   with pytest.raises(ValueError, match='positive integers'):
-    fewshot.Evaluator(config)
+    _evaluator(config)
 
 
 def test_collector_table(tmp_path):

@@ -36,7 +36,7 @@ def _command(workdir, fmnist_dirs, extra=()):
           f'--config.tfds_data_dir={data}', '--config.batch=32',
           '--config.batch_eval=16', f'--config.total_steps={STEPS}',
           '--config.warmup_steps=5', '--config.checkpoint_every=10',
-          '--config.progress_every=5', '--config.eval_every=0',
+          '--config.progress_every=5', '--config.evals.test.every=0',
           '--config.shuffle_buffer=100', *extra]
 
 

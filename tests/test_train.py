@@ -13,8 +13,13 @@ import optax
 import pytest
 
 from conftest import make_tiny_config
+from vit_jax import inference_time
 from vit_jax import input_pipeline
+from vit_jax import loop
+from vit_jax import optim
+from vit_jax import sharding
 from vit_jax import train
+from vit_jax.tasks import classification
 
 
 def _interrupt_at(monkeypatch, batch_index, action):
@@ -54,7 +59,7 @@ def test_trains_and_reports(reference, capsys):
 
 
 def test_progress_eval_and_metrics(tiny_config, tmp_path, capsys):
-  tiny_config.eval_every = 3
+  tiny_config.evals.test.every = 3
   train.train_and_evaluate(tiny_config, str(tmp_path))
   out = capsys.readouterr().out
   assert '[2/6] loss' in out and 'img/s' in out and 'ETA' in out
@@ -91,7 +96,7 @@ def test_learns(tiny_config, tmp_path):
   info = input_pipeline.get_dataset_info(
       input_pipeline.get_builder(tiny_config), tiny_config)
   params = train.train_and_evaluate(tiny_config, str(tmp_path))
-  model = train.make_model(tiny_config, 10)
+  model = classification.make_model(tiny_config, 10)
   correct = 0
   for batch in input_pipeline.eval_batches(info, tiny_config, batch_size=37):
     logits = model.apply({'params': params}, batch['image'], train=False)
@@ -206,13 +211,13 @@ def test_bad_config(tiny_config, tmp_path, key, value, match):
 def test_warmup_longer_than_a_short_run_is_clamped(tiny_config):
   """A debug run shorter than the warmup warms up for a tenth of it."""
   tiny_config.total_steps, tiny_config.warmup_steps = 60, 200
-  train.validate_config(tiny_config, 8)
-  schedule = train.make_schedule(tiny_config)
-  assert train.warmup_steps(tiny_config) == 6
+  loop.validate_config(tiny_config, 8)
+  schedule = optim.make_schedule(tiny_config)
+  assert optim.warmup_steps(tiny_config) == 6
   np.testing.assert_allclose(float(schedule(6)), tiny_config.base_lr)
   assert float(schedule(3)) < float(schedule(6)) > float(schedule(30)) > 0
   tiny_config.warmup_steps = 5
-  assert train.warmup_steps(tiny_config) == 5
+  assert optim.warmup_steps(tiny_config) == 5
 
 
 def test_cli_rejects_unknown_key(tmp_path):
@@ -263,7 +268,6 @@ def test_missing_pretrained_file(tiny_config, tmp_path):
 
 
 def test_inference_time(tiny_config, tmp_path, capsys):
-  from vit_jax import inference_time  # pylint: disable=g-import-not-at-top
   tiny_config.trainer = 'inference_time'
   img_s = inference_time.inference_time(tiny_config, str(tmp_path), steps=2)
   assert img_s > 0
@@ -277,7 +281,7 @@ def _main_command(workdir, fmnist_dirs, total_steps):
           f'--config.tfds_data_dir={data}', '--config.batch=32',
           f'--config.total_steps={total_steps}', '--config.warmup_steps=5',
           '--config.checkpoint_every=20', '--config.progress_every=10',
-          '--config.eval_every=0', '--config.shuffle_buffer=100']
+          '--config.evals.test.every=0', '--config.shuffle_buffer=100']
 
 
 def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
@@ -324,21 +328,15 @@ def test_trains_a_mixer(tiny_config, tmp_path):
 
 def _state_in(config, workdir):
   """(TrainState, step) as a run in `workdir` starts: restored, else fresh."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
-  manager = ocp.CheckpointManager(
-      os.path.join(workdir, 'checkpoints'),
-      item_handlers=ocp.StandardCheckpointHandler())
-  state, _, step = train.create_train_state(
-      config, train.make_model(config, 10), sharding.make_mesh(config.mesh),
-      manager)
+  task = train.make_task(config, workdir)
+  manager = loop.make_manager(config, workdir)
+  state, _, step = loop.create_state(task, config, task.mesh, manager)
   manager.close()
   return state, step
 
 
 def test_fsdp_equals_replicated(tiny_config, tmp_path):
   """FSDP splits kernels and their optimizer state 8 ways, same updates."""
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
   tiny_config.model.hidden_size = 64  # kernels of 4096+ elements
   tiny_config.model.transformer.mlp_dim = 128
   tiny_config.total_steps = 3
@@ -372,7 +370,7 @@ def test_momentum_dtype_sets_the_optimizer_state(tiny_config):
   for optimizer in ('sgd', 'adamw'):
     for dtype in ('float32', 'bfloat16'):
       tiny_config.optimizer, tiny_config.momentum_dtype = optimizer, dtype
-      state = train.make_optimizer(tiny_config).init(params)
+      state = optim.make_optimizer(tiny_config).init(params)
       dtypes[optimizer, dtype] = sorted(
           {str(x.dtype) for x in jax.tree.leaves(state) if x.ndim})
   # AdamW's second moment stays float32.
@@ -380,12 +378,12 @@ def test_momentum_dtype_sets_the_optimizer_state(tiny_config):
   assert dtypes['sgd', 'bfloat16'] == ['bfloat16']
   assert dtypes['adamw', 'float32'] == ['float32']
   assert dtypes['adamw', 'bfloat16'] == ['bfloat16', 'float32']
-  state = train.make_optimizer(tiny_config).init(params)
+  state = optim.make_optimizer(tiny_config).init(params)
   assert optax.tree_utils.tree_get(state, 'mu')['w'].dtype == jax.numpy.bfloat16
   assert optax.tree_utils.tree_get(state, 'nu')['w'].dtype == np.float32
   # Accumulating micro-batches adds a float32 sum of the gradients.
   tiny_config.accum_steps = 2
-  state = train.make_optimizer(tiny_config).init(params)
+  state = optim.make_optimizer(tiny_config).init(params)
   assert state.acc_grads['w'].dtype == np.float32
 
 
@@ -455,19 +453,19 @@ def test_evaluate_only(reference, tmp_path, capsys):
   config = config.copy_and_resolve_references()
   config.trainer = 'evaluate'
   config.pretrained_dir = workdir  # {workdir}/testing.npz, head included
-  from_npz = train.evaluate_only(config, str(tmp_path / 'npz'))
+  from_npz = train.evaluate(config, str(tmp_path / 'npz'))
   with open(tmp_path / 'npz' / 'results.json') as f:
     written = json.load(f)
   assert written['accuracy'] == from_npz['accuracy'] and written['count'] == 37
   config.pretrained_dir = None
-  from_workdir = train.evaluate_only(config, workdir)
+  from_workdir = train.evaluate(config, workdir)
   for result in (from_npz, from_workdir):
     assert result['count'] == trained['count'] == 37
     np.testing.assert_allclose(result['accuracy'], trained['accuracy'])
     np.testing.assert_allclose(result['loss'], trained['loss'], rtol=1e-5)
   assert 'testing.npz: test accuracy' in capsys.readouterr().out
   with pytest.raises(FileNotFoundError, match='Nothing to evaluate'):
-    train.evaluate_only(config, str(tmp_path / 'empty'))
+    train.evaluate(config, str(tmp_path / 'empty'))
   config.pretrained_dir, config.pp.crop = workdir, 48
   with pytest.raises(ValueError, match=r'(?s)pos_embedding.*pp.crop=48'):
-    train.evaluate_only(config, str(tmp_path / 'other_size'))
+    train.evaluate(config, str(tmp_path / 'other_size'))

@@ -18,8 +18,11 @@ from vit_jax import model_configs
 from vit_jax import models
 from vit_jax import sharding
 from vit_jax import tokenizers
-from vit_jax import train_lit
-from vit_jax import zeroshot
+from vit_jax import input_pipeline
+from vit_jax import loop
+from vit_jax import train
+from vit_jax.evaluators import zeroshot
+from vit_jax.tasks import lit
 
 
 @pytest.fixture
@@ -49,20 +52,18 @@ def _config(fmnist_dirs, image_npz, loss='softmax'):
   config.batch_eval = 8
   config.shuffle_buffer = 100
   config.progress_every = 2
-  config.eval_every = 0
+  config.evals.zeroshot.every = 0
   config.checkpoint_every = 0
   return config
 
 
 def _state_and_batch(config, workdir):
-  mesh = sharding.make_mesh(config.mesh)
-  tokenizer = train_lit.get_tokenizer(config, workdir)
-  model = train_lit.make_lit_model(config)
-  manager = train_lit.ocp.CheckpointManager(os.path.join(workdir, 'ckpt'))
-  state, _, _ = train_lit.create_lit_state(config, model, mesh, manager)
-  batch = next(caption_data.train_iterator(config, tokenizer,
+  task = lit.Task(config, workdir, sharding.make_mesh(config.mesh))
+  manager = loop.make_manager(config, os.path.join(workdir, 'ckpt'))
+  state, _, _ = loop.create_state(task, config, task.mesh, manager)
+  batch = next(caption_data.train_iterator(config, task.tokenizer,
                                            batch_size=config.batch))
-  return state, batch
+  return task, state, batch
 
 
 @pytest.mark.parametrize('loss', ['softmax', 'sigmoid'])
@@ -71,7 +72,7 @@ def test_steps_lower_the_loss_and_leave_the_image_tower(
   config = _config(fmnist_dirs, image_npz, loss)
   config.base_lr = 3e-3
   config.total_steps = 100  # the schedule's length; 10 steps are taken
-  state, batch = _state_and_batch(config, str(tmp_path))
+  task, state, batch = _state_and_batch(config, str(tmp_path))
   loaded = checkpoint.load(image_npz)
   del loaded['head']  # no image projection: the class token is the embedding
   jax.tree.map(np.testing.assert_array_equal, state.params['img'], loaded)
@@ -82,8 +83,7 @@ def test_steps_lower_the_loss_and_leave_the_image_tower(
   assert opt_leaves < 3 * text_size
   img_before = jax.device_get(state.params['img'])
 
-  step = jax.jit(lambda s, b: train_lit.lit_train_step(
-      s, b, rng=jax.random.key(0), loss=loss))
+  step = jax.jit(lambda s, b: task.train_step(s, b, rng=jax.random.key(0)))
   losses = []
   for _ in range(10):
     state, metrics = step(state, batch)
@@ -113,10 +113,10 @@ def test_train_on_a_captions_folder_then_zeroshot(fmnist_dirs, image_npz,
                                                   tmp_path, capsys):
   config = _config(fmnist_dirs, image_npz, 'sigmoid')
   config.dataset = _captions_folder(tmp_path / 'pairs', 32, 32,
-                                    config.zeroshot.class_names)
-  config.zeroshot.dataset = 'fashion_mnist_local'
+                                    config.evals.zeroshot.class_names)
+  config.evals.zeroshot.dataset = 'fashion_mnist_local'
   workdir = str(tmp_path / 'lit')
-  train_lit.train_lit(config, workdir)
+  train.train_and_evaluate(config, workdir)
   out = capsys.readouterr().out
   assert 'Done: 4 steps, zero-shot accuracy' in out
   exported = os.path.join(workdir, f'{config.model_name}.npz')
@@ -126,7 +126,7 @@ def test_train_on_a_captions_folder_then_zeroshot(fmnist_dirs, image_npz,
   assert trained['count'] == 37  # every test example, none padded in
 
   config.trainer = 'zeroshot'
-  result = zeroshot.zeroshot(config, workdir)
+  result = train.evaluate(config, workdir)
   assert result == {k: trained[k] for k in ('zeroshot_accuracy', 'count')}
 
 
@@ -173,11 +173,12 @@ def test_tfds_text_feature_pairs_images_and_captions(tmp_path):
 def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):
   config = _config(fmnist_dirs, image_npz)
   workdir = str(tmp_path)
-  tokenizer = train_lit.get_tokenizer(config, workdir)
-  model = train_lit.make_lit_model(config)
+  mesh = sharding.make_mesh(config.mesh)
+  task = lit.Task(config, workdir, mesh)
+  tokenizer, model = task.tokenizer, task.model
   params = model.init(jax.random.key(3), images=jnp.zeros((1, 32, 32, 3)),
                       tokens=jnp.zeros((1, 8), jnp.int32))['params']
-  names = list(config.zeroshot.class_names)
+  names = list(config.evals.zeroshot.class_names)
   templates = ('a photo of a {}.', 'a {}.')
   classes = zeroshot.class_embeddings(model, params, tokenizer, names,
                                       templates)
@@ -191,12 +192,15 @@ def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):
     ref.append(mean / np.linalg.norm(mean))
   np.testing.assert_allclose(classes, np.stack(ref), atol=1e-5)
 
-  info = zeroshot.input_pipeline.get_dataset_info(
-      zeroshot.input_pipeline.get_builder(config), config)
-  mesh = sharding.make_mesh(config.mesh)
-  result = zeroshot.evaluate(model, params, classes, info, config, mesh)
+  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+                                         config)
+  settings = config.evals.zeroshot.copy_and_resolve_references()
+  settings.templates = templates
+  evaluator = zeroshot.Evaluator('zeroshot', settings, config=config,
+                                 task=task, model=model, mesh=mesh)
+  result = evaluator(params)
   images, labels = [], []
-  for batch in zeroshot.input_pipeline.eval_batches(info, config,
+  for batch in input_pipeline.eval_batches(info, config,
                                                     batch_size=37):
     images.append(batch['image'][batch['mask'] > 0])
     labels.append(batch['label'][batch['mask'] > 0].argmax(-1))
@@ -241,30 +245,30 @@ def test_bad_settings_fail_before_compiling(fmnist_dirs, image_npz, tmp_path):
   config = _config(fmnist_dirs, image_npz, 'softmax')
   config.lit.loss = 'sigmoid'  # but no bias
   with pytest.raises(ValueError, match='needs a learned bias'):
-    train_lit.train_lit(config, str(tmp_path / 'a'))
+    train.train_and_evaluate(config, str(tmp_path / 'a'))
   config = _config(fmnist_dirs, None)
   with pytest.raises(ValueError, match='image_init'):
-    train_lit.train_lit(config, str(tmp_path / 'b'))
+    train.train_and_evaluate(config, str(tmp_path / 'b'))
   config = _config(fmnist_dirs, image_npz)
   config.lit.class_captions = (('a cat',), ('a dog',))
   with pytest.raises(ValueError, match='2 lists for the 10 classes'):
-    train_lit.train_lit(config, str(tmp_path / 'c'))
+    train.train_and_evaluate(config, str(tmp_path / 'c'))
   config = _config(fmnist_dirs, image_npz)
   config.model.out_dim = (None, 12)
   with pytest.raises(ValueError, match='embeds in 10 dimensions, the text '
                      'tower in 12'):
-    train_lit.train_lit(config, str(tmp_path / 'e'))
+    train.train_and_evaluate(config, str(tmp_path / 'e'))
   config = _config(fmnist_dirs, image_npz)
-  config.zeroshot.templates = ('a photo',)
+  config.evals.zeroshot.templates = ('a photo',)
   with pytest.raises(ValueError, match='no {} for the class name'):
-    train_lit.train_lit(config, str(tmp_path / 'd'))
+    train.train_and_evaluate(config, str(tmp_path / 'd'))
 
 
 @pytest.mark.parametrize('loss', ['softmax', 'sigmoid'])
 def test_fmnist_config_builds_and_validates(loss):
   config = lit_fmnist.get_config(loss)
-  train_lit.validate_lit_config(config, 1)
-  params = train_lit.abstract_params(config, train_lit.make_lit_model(config))
+  lit.validate_lit_config(config)
+  params = lit.abstract_params(config, models.LitModel(**config.model))
   assert ('b' in params) == (loss == 'sigmoid')
   assert config.model.model_name == config.model_name == f'LiT-fmnist-{loss}'
   assert len(config.lit.class_captions) == 10

@@ -15,6 +15,7 @@ of each batch are tokenized by the tower's tokenizer.
 
 import os
 
+from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -25,16 +26,16 @@ CAPTIONS_FILE = 'captions.tsv'
 
 def read_captions_file(folder):
   """([image paths], [captions]) of `folder`/captions.tsv."""
-  path = os.path.join(folder, CAPTIONS_FILE)
+  path = epath.Path(folder) / CAPTIONS_FILE
   paths, captions = [], []
-  with tf.io.gfile.GFile(path) as f:
+  with path.open() as f:
     for n, line in enumerate(f, 1):
       if not line.strip():
         continue
       name, sep, caption = line.rstrip('\n').partition('\t')
       if not sep or not caption.strip():
         raise ValueError(f'{path}:{n}: expected "image path<TAB>caption".')
-      paths.append(os.path.join(folder, name))
+      paths.append(os.fspath(epath.Path(folder) / name))
       captions.append(caption)
   if not paths:
     raise ValueError(f'{path} lists no images.')
@@ -42,7 +43,8 @@ def read_captions_file(folder):
 
 
 def has_captions_file(config) -> bool:
-  return os.path.isfile(os.path.join(config.dataset, CAPTIONS_FILE))
+  return bool(config.dataset) and (
+      epath.Path(config.dataset) / CAPTIONS_FILE).is_file()
 
 
 def captioned_examples(config):
@@ -54,7 +56,7 @@ def captioned_examples(config):
     ds = tf.data.Dataset.from_tensor_slices((paths, captions))
     return ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
   builder = input_pipeline.get_builder(config)
-  ds = input_pipeline._read_encoded(builder, config.pp.train)  # pylint: disable=protected-access
+  ds = input_pipeline.read_encoded(builder, config.pp.train)
   if lit.text_key:
     if lit.text_key not in builder.info.features:
       raise ValueError(f'{config.dataset!r} has no feature {lit.text_key!r}; '

@@ -11,14 +11,14 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import sharding
-from vit_jax import train
+from vit_jax.tasks import classification
 
 
 def inference_time(config, workdir: str, num_classes: int = 1000,
                    steps: int = 10) -> float:
   """Returns and logs the forward-pass throughput in images per second."""
   mesh = sharding.make_mesh(config.mesh)
-  model = train.make_model(config, num_classes)
+  model = classification.make_model(config, num_classes)
   shape = (config.batch_eval, config.pp.crop, config.pp.crop, 3)
   images = jax.device_put(jnp.zeros(shape), sharding.batch_sharding(mesh))
   params = jax.jit(lambda x: model.init(jax.random.key(0), x[:1],

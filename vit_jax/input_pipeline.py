@@ -166,7 +166,7 @@ def _stream_seeds(seed: int):
                for i in range(2))
 
 
-def _read_encoded(builder, split):
+def read_encoded(builder, split):
   """All of `split`, images still encoded (cheap buffers), in a fixed order."""
   read = lambda split: builder.as_dataset(
       split=split, shuffle_files=False,
@@ -182,9 +182,9 @@ def _read_encoded(builder, split):
 def _read_process_share(builder, split):
   """This process's share of `split` (for evaluation), images encoded."""
   if not isinstance(builder, tfds.ImageFolder):
-    return _read_encoded(builder,
+    return read_encoded(builder,
                          tfds.split_for_jax_process(split, drop_remainder=False))
-  ds = _read_encoded(builder, split)
+  ds = read_encoded(builder, split)
   nproc = jax.process_count()
   return ds.shard(nproc, jax.process_index()) if nproc > 1 else ds
 
@@ -233,7 +233,7 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
     rows: this process's rows of each global batch, increasing (default all).
   """
   ds, augment_seed = shuffled_stream(
-      _read_encoded(info.builder, config.pp.train), info.num_train, config,
+      read_encoded(info.builder, config.pp.train), info.num_train, config,
       batch_size=batch_size, start_step=start_step, rows=rows)
 
   def process(position, features):

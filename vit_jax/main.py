@@ -12,11 +12,8 @@ import jax
 from ml_collections import config_flags
 import tensorflow as tf
 
-from vit_jax import fewshot
 from vit_jax import inference_time
 from vit_jax import train
-from vit_jax import train_lit
-from vit_jax import zeroshot
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -52,14 +49,6 @@ def main(argv):
                jax.process_count(), jax.devices())
   if FLAGS.config.trainer == 'inference_time':
     inference_time.inference_time(FLAGS.config, FLAGS.workdir)
-  elif FLAGS.config.trainer == 'evaluate':
-    train.evaluate_only(FLAGS.config, FLAGS.workdir)
-  elif FLAGS.config.trainer == 'fewshot':
-    fewshot.evaluate_checkpoint(FLAGS.config, FLAGS.workdir)
-  elif FLAGS.config.trainer == 'lit':
-    train_lit.train_lit(FLAGS.config, FLAGS.workdir)
-  elif FLAGS.config.trainer == 'zeroshot':
-    zeroshot.zeroshot(FLAGS.config, FLAGS.workdir)
   else:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -92,3 +92,11 @@ def process_rows(mesh: Mesh, batch: int) -> list:
   shards = batch_sharding(mesh).addressable_devices_indices_map((batch,))
   return sorted({row for index in shards.values()
                  for row in range(*index[0].indices(batch))})
+
+
+def global_batches(batches, mesh: Mesh, batch_size: int):
+  """Host batches -> global arrays of `batch_size` rows split over `data`."""
+  data = batch_sharding(mesh)
+  for batch in batches:
+    yield jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+        data, x, (batch_size,) + x.shape[1:]), batch)

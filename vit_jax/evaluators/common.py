@@ -1,0 +1,74 @@
+"""What every evaluator shares: its data, and masked means over a split.
+
+An evaluator is built once from its entry in `config.evals` (`type`,
+`every` and its own settings) and called with parameters; it returns a
+flat dict of metrics, says them in one line (`summary`) and names its
+TensorBoard scalars (`scalars`). `every`: evaluate every that many steps
+and at the end of training; 0: at the end only; None: never in training,
+only when a checkpoint is evaluated (`trainer='evaluate'`).
+"""
+
+from clu import metrics as clu_metrics
+import jax
+import numpy as np
+
+from vit_jax import input_pipeline
+from vit_jax import sharding
+
+
+class Evaluator:
+  """The interface: `every`, `__call__(params) -> metrics`, `summary`,
+  `scalars`."""
+
+  def __init__(self, name, settings):
+    self.name = name
+    self.every = settings.get('every')
+    if self.every is not None and self.every < 0:
+      raise ValueError(f'config.evals.{name}.every={self.every}: expected a '
+                       'number of steps >= 0, or None.')
+
+  def __call__(self, params):
+    raise NotImplementedError
+
+  def summary(self, metrics) -> str:
+    raise NotImplementedError
+
+  def scalars(self, metrics) -> dict:
+    return {k: v for k, v in metrics.items() if isinstance(v, float)}
+
+
+def split_data(config, dataset, split):
+  """(DatasetInfo, config) reading `split` of `dataset` (default: the run's)
+  as the test split, checked now."""
+  data = config.copy_and_resolve_references().unlock()
+  data.dataset = dataset or config.dataset
+  data.pp.train = data.pp.test = split or config.pp.test
+  return (input_pipeline.get_dataset_info(input_pipeline.get_builder(data),
+                                          data), data)
+
+
+def batches(info, data, mesh):
+  """Every example of the test split, as global batches on the mesh, with
+  a `mask` of the real (not padding) examples."""
+  host = input_pipeline.eval_batches(
+      info, data, batch_size=input_pipeline.host_batch_size(data.batch_eval))
+  return sharding.global_batches(host, mesh, data.batch_eval)
+
+
+def masked_means(step, params, info, data, mesh, *args):
+  """Means of `step(params, batch, *args)`'s clu metrics over the split,
+  and the number of examples they count."""
+  totals = None
+  for batch in batches(info, data, mesh):
+    out = step(params, batch, *args)
+    totals = out if totals is None else jax.tree.map(
+        lambda a, b: a.merge(b), totals, out,
+        is_leaf=lambda x: isinstance(x, clu_metrics.Metric))
+  totals = jax.device_get(totals)
+  result = {k: float(v.compute()) for k, v in totals.items()}
+  result['count'] = int(np.asarray(next(iter(totals.values())).count))
+  return result
+
+
+def masked_average(values, mask):
+  return clu_metrics.Average.from_model_output(values, mask=mask > 0)

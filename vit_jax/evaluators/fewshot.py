@@ -1,0 +1,131 @@
+"""Few-shot linear evaluation of frozen representations (paper, Sec. 4.1).
+
+The protocol of big_vision's `evaluators/fewshot_lsr.py`, which the paper's
+numbers come from: the pre-logits of `shots` training images per class,
+drawn with numpy seeds 0 .. seeds-1, each feature whitened with the few-shot
+set's mean and standard deviation, a constant feature of 100 appended (a
+bias almost free of the penalty), and the closed-form L2-regularized
+least-squares map to {-1, 1}^K targets; the predicted class is the largest
+output. The regularization is fixed (big_vision's 2^10), as the paper did,
+not tuned per task.
+"""
+
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
+from vit_jax.evaluators import common
+
+BIAS_FEATURE = 100.
+
+
+def fit_lsr(x, labels, num_classes, l2_reg):
+  """The least-squares map of whitened `x` (plus a bias) to {-1, 1} targets.
+
+  Returns:
+    (mean, std, weights): apply with `predict_lsr`.
+  """
+  x = np.asarray(x, np.float64)
+  mean, std = x.mean(0), x.std(0) + 1e-5
+  x = np.pad((x - mean) / std, ((0, 0), (0, 1)), constant_values=BIAS_FEATURE)
+  y = 2. * np.eye(num_classes)[labels] - 1.
+  n, d = x.shape
+  if n >= d:  # (X'X + l2 I)^-1 X'y
+    weights = np.linalg.solve(x.T @ x + l2_reg * np.eye(d), x.T @ y)
+  else:  # the same, as X' (XX' + l2 I)^-1 y: an n x n system
+    weights = x.T @ np.linalg.solve(x @ x.T + l2_reg * np.eye(n), y)
+  return mean, std, weights
+
+
+def predict_lsr(fit, x):
+  mean, std, weights = fit
+  x = (np.asarray(x, np.float64) - mean) / std
+  x = np.pad(x, ((0, 0), (0, 1)), constant_values=BIAS_FEATURE)
+  return np.argmax(x @ weights, axis=1)
+
+
+def pick_shots(labels, num_classes, shots, seed):
+  """Indices of `shots` examples of each class, drawn with `seed`."""
+  rng = np.random.default_rng(seed)
+  picked = []
+  for c in range(num_classes):
+    where = rng.permutation(np.flatnonzero(labels == c))
+    if len(where) < shots:
+      raise ValueError(f'Class {c} has {len(where)} training examples, '
+                       f'fewer than {shots} shots.')
+    picked.append(where[:shots])
+  return np.concatenate(picked)
+
+
+def accuracies(train, test, num_classes, shots, seeds, l2_reg):
+  """{shots: [test accuracy per seed]} of `(features, labels)` pairs."""
+  out = {}
+  for k in shots:
+    out[k] = []
+    for seed in range(seeds):
+      idx = pick_shots(train[1], num_classes, k, seed)
+      fit = fit_lsr(train[0][idx], train[1][idx], num_classes, l2_reg)
+      out[k].append(float(np.mean(predict_lsr(fit, test[0]) == test[1])))
+  return out
+
+
+def summarize(per_seed, prefix='fewshot'):
+  """Flat metrics: mean accuracy per shot count, and the per-seed lists."""
+  out = {}
+  for k, accs in per_seed.items():
+    out[f'{prefix}_{k}shot'] = float(np.mean(accs))
+    out[f'{prefix}_{k}shot_per_seed'] = accs
+  return out
+
+
+class Evaluator(common.Evaluator):
+  """`type='fewshot'`: few-shot accuracies of a model's pre-logits.
+
+  Settings: `dataset` ('' is the run's), `train` and `test` splits, `shots`,
+  `seeds`, `l2_reg`. Checks them and the data at construction, before
+  compilation; each call streams both splits through the model.
+  """
+
+  def __init__(self, name, settings, *, config, model, mesh, **_):
+    super().__init__(name, settings)
+    shots = tuple(settings.shots)
+    if not shots or any(int(k) != k or k < 1 for k in shots):
+      raise ValueError(f'config.evals.{name}.shots={shots}: expected positive '
+                       'integers.')
+    if settings.seeds < 1 or settings.l2_reg <= 0:
+      raise ValueError(f'config.evals.{name} needs seeds ({settings.seeds}) '
+                       f'>= 1 and l2_reg ({settings.l2_reg}) > 0.')
+    self.shots, self.seeds = shots, settings.seeds
+    self.l2_reg = settings.l2_reg
+    self.dataset = settings.dataset or config.dataset
+    self.splits = {s: common.split_data(config, self.dataset, s)
+                   for s in (settings.train, settings.test)}
+    self.train, self.test = settings.train, settings.test
+    self.num_classes = self.splits[self.train][0].num_classes
+    headless = model.clone(num_classes=0)  # outputs the pre-logits
+    self.mesh = mesh
+    self._apply = jax.jit(lambda p, x: headless.apply({'params': p}, x,
+                                                      train=False))
+
+  def features(self, params, split):
+    """(pre-logits, labels) of every example of `split`, on every process."""
+    params = {k: v for k, v in params.items() if k != 'head'}
+    feats, labels = [], []
+    for batch in common.batches(*self.splits[split], self.mesh):
+      out, mask, label = multihost_utils.process_allgather(
+          (self._apply(params, batch['image']), batch['mask'],
+           batch['label']), tiled=True)
+      keep = np.asarray(mask) > 0
+      feats.append(np.asarray(out, np.float32)[keep])
+      labels.append(np.argmax(label, -1)[keep])
+    return np.concatenate(feats), np.concatenate(labels)
+
+  def __call__(self, params):
+    """Mean accuracy per shot count, and the per-seed lists."""
+    return summarize(accuracies(
+        self.features(params, self.train), self.features(params, self.test),
+        self.num_classes, self.shots, self.seeds, self.l2_reg))
+
+  def summary(self, metrics):
+    return f'few-shot linear accuracy on {self.dataset}: ' + '  '.join(
+        f'{k}-shot {metrics[f"fewshot_{k}shot"]:.4f}' for k in self.shots)

@@ -1,0 +1,31 @@
+"""The evaluators by `type`, built from `config.evals`."""
+
+from vit_jax.evaluators import classification
+from vit_jax.evaluators import fewshot
+from vit_jax.evaluators import zeroshot
+
+EVALUATORS = {'classification': classification.Evaluator,
+              'fewshot': fewshot.Evaluator,
+              'zeroshot': zeroshot.Evaluator}
+
+
+def from_config(config, *, task, model, mesh, training=False, types=None):
+  """The evaluators of `config.evals`, checked and built, in order.
+
+  In training, those with an `every`; to evaluate a checkpoint, the same,
+  or all those of `types` (e.g. ('fewshot',)).
+  """
+  out = []
+  for name, settings in config.evals.items():
+    kind = settings.get('type')
+    if kind not in EVALUATORS:
+      raise ValueError(f'config.evals.{name}.type={kind!r}; expected one of '
+                       f'{tuple(EVALUATORS)}.')
+    wanted = kind in types if types and not training else (
+        settings.get('every') is not None)
+    if wanted:
+      out.append(EVALUATORS[kind](name, settings, config=config, task=task,
+                                  model=model, mesh=mesh))
+  if types and not out:
+    raise ValueError(f'config.evals lists no evaluator of type {types}.')
+  return out

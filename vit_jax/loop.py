@@ -1,0 +1,394 @@
+"""The one run loop: whatever a task trains, a run goes the same way.
+
+The loop owns the mesh and shardings, the Orbax manager (resume, periodic
+and final saves, agreed preemption, a NaN that stops with the last good
+checkpoint kept), the batch stream's position, progress and TensorBoard,
+the evaluators, `results.json` and the exported `.npz`. A task
+(`vit_jax/tasks`) says what is trained: its model and initial parameters,
+its optimizer labels, its step and its batches.
+"""
+
+import datetime
+import functools
+import signal
+import threading
+import time
+
+from absl import logging
+from clu import metric_writers
+from clu import periodic_actions
+from flax.training import train_state
+import jax
+from jax.experimental import multihost_utils
+import orbax.checkpoint as ocp
+import tqdm.auto
+
+from vit_jax import checkpoint
+from vit_jax import optim
+from vit_jax import sharding
+from vit_jax import storage
+from vit_jax.evaluators import registry
+
+TrainState = train_state.TrainState
+_POLICIES = ocp.checkpoint_managers
+
+
+def validate_config(config, num_devices_data: int):
+  """Fails fast, before any compilation, on settings every task shares."""
+  choices = {'optimizer': ('sgd', 'adamw'),
+             'decay_type': ('cosine', 'linear'),
+             'sharding_strategy': sharding.STRATEGIES,
+             'momentum_dtype': ('float32', 'bfloat16')}
+  for key, allowed in choices.items():
+    if config[key] not in allowed:
+      raise ValueError(f'config.{key}={config[key]!r}; expected one of '
+                       f'{allowed}.')
+  if config.optimizer == 'sgd' and config.weight_decay:
+    raise ValueError(f'config.weight_decay={config.weight_decay} needs '
+                     "optimizer='adamw'; SGD has none (set it to 0).")
+  if config.total_steps <= 0 or config.warmup_steps < 0:
+    raise ValueError(f'Need total_steps ({config.total_steps}) > 0 and '
+                     f'warmup_steps ({config.warmup_steps}) >= 0.')
+  if config.warmup_steps >= config.total_steps:
+    logging.warning('warmup_steps=%d is not shorter than total_steps=%d: '
+                    'warming up for %d steps instead.', config.warmup_steps,
+                    config.total_steps, optim.warmup_steps(config))
+  micro = config.batch // config.accum_steps
+  if config.batch % config.accum_steps or micro % num_devices_data:
+    raise ValueError(
+        f'batch={config.batch} must split into accum_steps='
+        f'{config.accum_steps} micro-batches divisible by the {num_devices_data}'
+        ' devices on the mesh `data` axis.')
+  if config.batch_eval % num_devices_data:
+    raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
+                     f'{num_devices_data} devices on the `data` axis.')
+
+
+def pretrained_path(config):
+  """`pretrained_path`, else `{pretrained_dir}/{model_name}.npz`, else None."""
+  if config.pretrained_path:
+    return config.pretrained_path
+  if config.pretrained_dir:
+    return storage.join(config.pretrained_dir, f'{config.model_name}.npz')
+  return None
+
+
+def make_manager(config, workdir, max_to_keep=None):
+  """The workdir's Orbax manager: saves every `checkpoint_every` steps (0:
+  only at the end) and when a preemption is agreed."""
+  policies = [_POLICIES.PreemptionCheckpointingPolicy()]
+  if config.checkpoint_every:
+    policies.append(_POLICIES.FixedIntervalPolicy(config.checkpoint_every))
+  return ocp.CheckpointManager(
+      storage.join(storage.absolute(workdir), 'checkpoints'),
+      item_handlers=ocp.StandardCheckpointHandler(),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=max_to_keep,
+          save_decision_policy=_POLICIES.AnySavePolicy(policies)))
+
+
+# Building the state.
+
+
+def _restore(manager, abstract, shardings):
+  """The latest checkpoint, once its keys and shapes fit the model."""
+  step = manager.latest_step()
+  try:
+    checkpoint.inspect_params(
+        params=manager.item_metadata(step).tree['params'],
+        expected=abstract.params, source=f'The checkpoint in {manager.directory}')
+  except checkpoint.CheckpointError as e:
+    raise checkpoint.CheckpointError(
+        f'{e}\nUse a fresh --workdir, or the config that wrote this one.'
+    ) from None
+  target = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract, shardings)
+  logging.info('Resuming from step %d in %s', step, manager.directory)
+  return manager.restore(step, args=ocp.args.StandardRestore(target))
+
+
+def create_state(task, config, mesh, manager):
+  """(state, its shardings, steps done): restored, or the task's initial
+  parameters (pretrained, or fresh) with a new optimizer."""
+  init_rng = jax.random.split(jax.random.key(config.seed))[0]
+
+  def init():
+    params = task.init_params(init_rng)
+    return TrainState.create(
+        apply_fn=task.model.apply, params=params,
+        tx=optim.make_optimizer(config, task.param_labels))
+
+  abstract = jax.eval_shape(init)  # raises on a bad image size
+  shardings = sharding.tree_shardings(abstract, mesh, config.sharding_rules,
+                                      config.sharding_strategy)
+  if manager.latest_step() is not None:
+    return (_restore(manager, abstract, shardings), shardings,
+            manager.latest_step())
+  task.check_initial_files()  # fails fast, before compiling `init`
+  state = jax.jit(init, out_shardings=shardings)()
+  params = task.initial_params(jax.device_get(state.params))
+  if params is not None:
+    state = state.replace(params=jax.device_put(params, shardings.params))
+  return state, shardings, 0
+
+
+def jit_train_step(task, config, mesh, shardings):
+  """The task's step, jitted on the mesh with the state donated."""
+  rng = jax.random.split(jax.random.key(config.seed))[1]
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.jit(functools.partial(task.train_step, rng=rng),
+                 in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                 out_shardings=(shardings, replicated), donate_argnums=0)
+
+
+# The loop's pieces.
+
+
+class Preemption:
+  """A SIGTERM to any process makes every process save the same step, then stop.
+
+  With several processes, Orbax asks JAX's preemption sync point, which
+  names a step all reach; alone, a SIGTERM handler sets a flag.
+  """
+
+  def __init__(self, manager):
+    self._manager, self._requested = manager, False
+    self._previous = None
+    self._synced = jax.process_count() > 1
+
+  def __enter__(self):
+    if (not self._synced and
+        threading.current_thread() is threading.main_thread()):
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    logging.warning('SIGTERM: saving a checkpoint, then stopping.')
+    self._requested = True
+
+  def reached(self, step: int) -> bool:
+    """Whether to save and stop after `step`; called once per step."""
+    if self._synced:
+      return self._manager.reached_preemption(step)
+    return self._requested
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+class Progress(periodic_actions.ReportProgress):
+  """clu's progress report, plus the mean loss since the last one.
+
+  Losses stay on the device until a report fetches them; a NaN raises
+  FloatingPointError. Prints a line per report, or moves a tqdm bar
+  (`config.progress_bar`); writes loss, learning rate and img/s.
+  """
+
+  def __init__(self, config, writer, start_step: int):
+    super().__init__(num_train_steps=config.total_steps, writer=writer,
+                     every_steps=config.progress_every or None,
+                     every_secs=None)
+    self.config, self.schedule = config, optim.make_schedule(config)
+    self.pending, self.extra = [], {}
+    self.bar = tqdm.auto.tqdm(
+        total=config.total_steps, initial=start_step, unit='step',
+        disable=jax.process_index() > 0) if config.progress_bar else None
+    self(start_step)  # the clock starts here
+
+  def add(self, metrics):
+    self.pending.append(metrics['loss'])  # no host round-trip until a report
+    self.extra = {k: v for k, v in metrics.items() if k != 'loss'}
+
+  def restart_clock(self):
+    """Leaves out of the speed what was not training (evaluation)."""
+    self._previous_time = time.monotonic()
+
+  def report_now(self, step: int):
+    """Reports at `step` whether or not it is due (before a save)."""
+    if self.pending:
+      now = time.monotonic()
+      self._apply(step, now)
+      self._after_apply(step, now)
+
+  def _apply(self, step: int, t: float):
+    losses = jax.device_get(self.pending)
+    self.pending = []
+    loss = float(sum(losses)) / len(losses)
+    if loss != loss or abs(loss) == float('inf'):
+      raise FloatingPointError(f'Loss became {loss} by step {step}: training '
+                               'stopped.')
+    super()._apply(step, t)
+    img_s = (step - self._previous_step) * self.config.batch / max(
+        t - self._previous_time, 1e-9)
+    lr = float(self.schedule(step - 1))
+    eta = (self.config.total_steps - step) * self.config.batch / max(img_s,
+                                                                     1e-9)
+    if self.bar is not None:
+      self.bar.update(step - self.bar.n)
+      self.bar.set_postfix(loss=f'{loss:.4f}', lr=f'{lr:.3g}',
+                           img_s=f'{img_s:.0f}')
+    else:
+      print(f'[{step}/{self.config.total_steps}] loss {loss:.4f}  lr '
+            f'{lr:.3g}  {img_s:.0f} img/s  ETA '
+            f'{datetime.timedelta(seconds=int(eta))}', flush=True)
+    self._writer.write_scalars(step, {
+        'train_loss': loss, 'learning_rate': lr, 'img_per_sec': img_s,
+        **{k: float(v) for k, v in self.extra.items()}})
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _due(every, step: int, last: bool) -> bool:
+  """An evaluator's turn: every `every` steps and at the end (0: the end
+  only; None: never in training)."""
+  return every is not None and (last or (every > 0 and step % every == 0))
+
+
+def run_evaluators(evaluators, params, writer, step, prefix=''):
+  """Runs each evaluator; prints its line, writes its scalars; returns the
+  metrics of all."""
+  result = {}
+  for evaluator in evaluators:
+    metrics = evaluator(params)
+    print(f'{prefix}{evaluator.summary(metrics)}', flush=True)
+    writer.write_scalars(step or 0, evaluator.scalars(metrics))
+    result.update(metrics)
+  return result
+
+
+def write_results(config, workdir, result, **extra):
+  """`{workdir}/results.json` (process 0), naming the model, dataset and
+  pretrained checkpoint for `scripts/collect_results.py` (`extra` wins)."""
+  if jax.process_index() == 0:
+    storage.write_json(storage.join(workdir, 'results.json'), {
+        'model_name': config.model_name, 'dataset': config.dataset,
+        'pretrained': pretrained_path(config), **result, **extra})
+
+
+def export_npz(params, path):
+  """Writes params in the original release's .npz format (process 0)."""
+  if not all(x.is_fully_addressable for x in jax.tree.leaves(params)):
+    params = multihost_utils.process_allgather(params, tiled=True)
+  params = jax.device_get(params)
+  if jax.process_index() == 0:
+    checkpoint.save(params, path)
+
+
+def _finish(config, workdir, params, result, seconds, evaluators):
+  """Exports the final parameters as .npz and writes `results.json`."""
+  export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
+  write_results(config, workdir, result, step=config.total_steps,
+                seconds_since_start=seconds)
+  summary = ', '.join(e.summary(result) for e in evaluators[:1])
+  print(f'Done: {config.total_steps} steps, {summary}, {seconds:.0f} s since '
+        'start or resume.', flush=True)
+
+
+def _writer(workdir):
+  return metric_writers.create_default_writer(
+      workdir, just_logging=jax.process_index() > 0)
+
+
+def _train(config, state, train_fn, batches, manager, evaluators, writer,
+           start):
+  """The steps from `start` on: (state, last step, result, preempted)."""
+  progress, result, step = Progress(config, writer, start), {}, start
+  try:
+    with Preemption(manager) as preemption:
+      for step in range(start + 1, config.total_steps + 1):
+        for _ in range(config.accum_steps):
+          state, metrics = train_fn(state, next(batches))
+          progress.add(metrics)
+        progress(step)
+        last, preempted = step == config.total_steps, preemption.reached(step)
+        save = last or preempted or manager.should_save(step)
+        if save:
+          progress.report_now(step)  # a NaN never reaches a checkpoint
+        due = [e for e in evaluators if _due(e.every, step, last)]
+        if due:
+          result.update(run_evaluators(
+              due, state.params, writer, step,
+              prefix=f'[{step}/{config.total_steps}] '))
+          progress.restart_clock()
+        if save:
+          manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        if preempted:
+          break
+  except FloatingPointError as e:
+    manager.wait_until_finished()
+    raise FloatingPointError(
+        f'{e} The last good checkpoint is step {manager.latest_step()} in '
+        f'{manager.directory}.') from None
+  finally:
+    progress.close()
+  return state, step, result
+
+
+def run(task, config, workdir):
+  """Trains `task` (resuming from `workdir`), evaluates, exports; returns
+  the final parameters."""
+  mesh = task.mesh
+  evaluators = registry.from_config(config, task=task, model=task.model,
+                                    mesh=mesh, training=True)
+  manager = make_manager(config, workdir, config.max_to_keep)
+  state, shardings, start = create_state(task, config, mesh, manager)
+  if start >= config.total_steps:
+    print(f'{workdir} already holds the final step {start}; nothing to '
+          'train.', flush=True)
+    manager.close()
+    return state.params
+  train_fn = jit_train_step(task, config, mesh, shardings)
+  writer = _writer(workdir)
+  if start == 0:
+    writer.write_hparams(config.to_dict())
+  micro = config.batch // config.accum_steps
+  batches = sharding.global_batches(task.batches(
+      batch_size=micro, rows=sharding.process_rows(mesh, micro),
+      start_step=start * config.accum_steps), mesh, micro)
+  t_start = time.perf_counter()
+  state, step, result = _train(config, state, train_fn, batches, manager,
+                               evaluators, writer, start)
+  manager.wait_until_finished()
+  manager.close()
+  writer.flush()
+  if step == config.total_steps:
+    _finish(config, workdir, state.params, result,
+            time.perf_counter() - t_start, evaluators)
+  else:
+    print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
+          'same command to continue.', flush=True)
+  return state.params
+
+
+def evaluate(task, config, workdir, types=None):
+  """A checkpoint's metrics, no training: `pretrained_path` (or
+  `{pretrained_dir}/{model_name}.npz`), else the latest state in `workdir`.
+
+  Runs the evaluators of `config.evals` that training would run (those of
+  `types` only, if given) and writes `{workdir}/results.json`.
+  """
+  path = pretrained_path(config)
+  manager = make_manager(config, workdir)
+  empty = manager.latest_step() is None
+  manager.close()
+  if path is None and empty:
+    raise FileNotFoundError(
+        'Nothing to evaluate: set pretrained_path or pretrained_dir, or give '
+        f'a workdir with checkpoints ({workdir} has none).')
+  model = task.model if path is None else task.checkpoint_model(path)
+  evaluators = registry.from_config(config, task=task, model=model,
+                                    mesh=task.mesh, types=types)
+  params = task.checkpoint_params(path or workdir, model)
+  params = jax.device_put(params, sharding.tree_shardings(
+      params, task.mesh, config.sharding_rules, config.sharding_strategy))
+  source = path or f'the latest checkpoint in {workdir}'
+  writer = _writer(workdir)
+  result = run_evaluators(evaluators, params, writer, 0, prefix=f'{source}: ')
+  writer.flush()
+  write_results(config, workdir, result, checkpoint=source)
+  return result

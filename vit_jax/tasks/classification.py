@@ -1,0 +1,98 @@
+"""Supervised classification (`trainer='train'`): images and labels, softmax
+or sigmoid cross-entropy, from scratch or fine-tuned from a checkpoint."""
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from vit_jax import checkpoint
+from vit_jax import input_pipeline
+from vit_jax import loop
+from vit_jax import models
+from vit_jax import storage
+from vit_jax.evaluators import classification
+
+
+def make_model(config, num_classes: int):
+  return models.model_class(config.model_name)(
+      num_classes=num_classes, **config.model)
+
+
+class Task:
+  """The model, its initial parameters, step and batches of a classifier."""
+
+  param_labels = None  # every parameter trains
+
+  def __init__(self, config, workdir, mesh, *, training=True):
+    del workdir, training
+    if config.loss not in classification.LOSSES:
+      raise ValueError(f'config.loss={config.loss!r}; expected one of '
+                       f'{classification.LOSSES}.')
+    self.config, self.mesh = config, mesh
+    self.info = input_pipeline.get_dataset_info(
+        input_pipeline.get_builder(config), config)
+    self.model = make_model(config, self.info.num_classes)
+    self.image_shape = (1, config.pp.crop, config.pp.crop, 3)
+
+  def init_params(self, rng, model=None):
+    model = model or self.model
+    return model.init(rng, jnp.zeros(self.image_shape), train=False)['params']
+
+  def check_initial_files(self):
+    path = loop.pretrained_path(self.config)
+    if path:
+      storage.local_copy(path)  # fails fast; fetched once if remote
+
+  def initial_params(self, params):
+    """The pretrained parameters with this model's head, or None."""
+    path = loop.pretrained_path(self.config)
+    if not path:
+      return None
+    params = checkpoint.load_params(
+        path, init_params=params, model_config=self.config.model,
+        new_head=True, new_grid=models.token_grid(self.config))
+    print(f'Fine-tuning from {path}.', flush=True)
+    return params
+
+  def train_step(self, state, batch, *, rng):
+    """One micro-batch: gradients, then the (accumulating) optimizer update."""
+    chex.assert_rank(batch['image'], 4)
+    chex.assert_equal_shape_prefix([batch['image'], batch['label']], 1)
+    dropout_rng = jax.random.fold_in(rng, state.step)
+
+    def compute_loss(params):
+      logits = state.apply_fn({'params': params}, batch['image'], train=True,
+                              rngs={'dropout': dropout_rng})
+      return classification.loss_fn(logits, batch['label'],
+                                    self.config.loss).mean()
+
+    value, grads = jax.value_and_grad(compute_loss)(state.params)
+    return state.apply_gradients(grads=grads), {'loss': value}
+
+  def batches(self, *, batch_size, rows, start_step):
+    """This process's rows of the training micro-batches."""
+    return input_pipeline.train_iterator(
+        self.info, self.config, batch_size=batch_size, rows=rows,
+        start_step=start_step)
+
+  def checkpoint_model(self, path):
+    """The model of the checkpoint at `path`: its head and pre-logits."""
+    sizes = checkpoint.model_config_for(checkpoint.load(path),
+                                        self.config.model)
+    return self.model.clone(num_classes=sizes['num_classes'],
+                            representation_size=sizes['representation_size'])
+
+  def checkpoint_params(self, path, model):
+    """The parameters at `path` (an .npz or a workdir) for `model`, head
+    included, at the resolution they were trained at."""
+    abstract = jax.eval_shape(lambda: self.init_params(jax.random.key(0),
+                                                       model))
+    try:
+      return checkpoint.load_params(path, init_params=abstract,
+                                    model_config=self.config.model,
+                                    resize_posemb=False)
+    except checkpoint.CheckpointError as e:
+      raise checkpoint.CheckpointError(
+          f'{e}\nEvaluate with the model, number of classes and image size '
+          f'(pp.crop={self.config.pp.crop}) the checkpoint was trained with.'
+      ) from None

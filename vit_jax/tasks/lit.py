@@ -1,0 +1,173 @@
+"""LiT (`trainer='lit'`): a text tower learns to match a locked image tower,
+with the softmax or sigmoid contrastive loss (`config.lit.loss`).
+
+The image tower is locked three ways: its embeddings are computed outside
+the gradient (under `stop_gradient`), the optimizer gives its parameters no
+update and keeps no state for them (labels 'frozen'), and it runs in
+inference mode (no dropout; a ViT has no batch statistics).
+"""
+
+from etils import epath
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+
+from vit_jax import caption_data
+from vit_jax import checkpoint
+from vit_jax import contrastive_losses
+from vit_jax import loop
+from vit_jax import models_bert
+from vit_jax import models_lit
+from vit_jax import optim
+from vit_jax import storage
+from vit_jax import tokenizers
+
+
+def validate_lit_config(config):
+  """Fails fast on settings a LiT run cannot use."""
+  if config.lit.loss not in contrastive_losses.LOSSES:
+    raise ValueError(f'config.lit.loss={config.lit.loss!r}; expected one of '
+                     f'{tuple(contrastive_losses.LOSSES)}.')
+  if config.lit.loss == 'sigmoid' and config.model.bias_init is None:
+    raise ValueError("config.lit.loss='sigmoid' needs a learned bias: set "
+                     'config.model.bias_init (SigLIP uses -10).')
+  if config.model.pp.tokenizer_name not in tokenizers.TOKENIZERS:
+    raise ValueError(f'config.model.pp.tokenizer_name='
+                     f'{config.model.pp.tokenizer_name!r}; expected one of '
+                     f'{tokenizers.TOKENIZERS}.')
+
+
+def vocab_path(config, workdir):
+  """`config.lit.vocab_path`, else the vocabulary a LiT run fitted."""
+  return config.lit.vocab_path or storage.join(workdir, 'vocab.model')
+
+
+def get_tokenizer(config, workdir, fit=True):
+  """The configured vocabulary; without one, SentencePiece fitted to the
+  training captions once (`fit`), in `{workdir}/vocab.model`."""
+  path = vocab_path(config, workdir)
+  if fit and not config.lit.vocab_path and not epath.Path(path).exists():
+    if config.model.pp.tokenizer_name != 'sentencepiece':
+      raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
+                       'set config.lit.vocab_path to a BERT vocab.txt.')
+    if jax.process_count() > 1:  # each process would fit its own
+      raise ValueError('Fit the vocabulary in a one-process run, or set '
+                       'config.lit.vocab_path, for a multi-process run.')
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    tokenizers.train_sentencepiece(caption_data.all_captions(config), path,
+                                   config.model.text.vocab_size)
+  tokenizer = tokenizers.get_tokenizer(config.model.pp.tokenizer_name, path,
+                                       config.model.pp.max_len)
+  text = config.model.text
+  if config.model.text_model == 'bert':
+    vocab = models_bert.BERT_CONFIGS[text.get('config', 'base')][4]
+  else:
+    vocab = text.get('vocab_size', models_lit.TextTransformer.vocab_size)
+  if tokenizer.vocab_size > vocab:
+    raise ValueError(f'The vocabulary {path} has {tokenizer.vocab_size} '
+                     f'tokens, the text tower only {vocab} embeddings.')
+  return tokenizer
+
+
+def abstract_params(config, model):
+  """The model's parameter shapes; raises if the towers' embeddings differ
+  in width (`out_dim`)."""
+  images = jnp.zeros((1, config.pp.crop, config.pp.crop, 3))
+  tokens = jnp.zeros((1, config.model.pp.max_len), jnp.int32)
+  (zimg, ztxt, _), variables = jax.eval_shape(
+      lambda: model.init_with_output(jax.random.key(0), images=images,
+                                     tokens=tokens))
+  if zimg.shape[-1] != ztxt.shape[-1]:
+    raise ValueError(
+        f'The image tower embeds in {zimg.shape[-1]} dimensions, the text '
+        f'tower in {ztxt.shape[-1]}: set config.model.out_dim (image, text) '
+        'so that they agree.')
+  return variables['params']
+
+
+def frozen_image_tower(params):
+  """Optimizer labels: the image tower frozen, the rest trained."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict(
+      {k: optim.FROZEN if k[0] == 'img' else optim.TRAINED for k in flat})
+
+
+class Task:
+  """A LiT model, its locked tower, contrastive step and caption batches."""
+
+  param_labels = staticmethod(frozen_image_tower)
+
+  def __init__(self, config, workdir, mesh, *, training=True):
+    validate_lit_config(config)
+    self.config, self.workdir, self.mesh = config, workdir, mesh
+    self.model = models_lit.LitModel(**config.model)
+    abstract_params(config, self.model)  # checks the towers' widths agree
+    if training:
+      caption_data.check_class_captions(config)
+    self.tokenizer = get_tokenizer(config, workdir, fit=training)
+
+  def init_params(self, rng, model=None):
+    images = jnp.zeros((1, self.config.pp.crop, self.config.pp.crop, 3))
+    tokens = jnp.zeros((1, self.config.model.pp.max_len), jnp.int32)
+    return (model or self.model).init(rng, images=images,
+                                      tokens=tokens)['params']
+
+  def check_initial_files(self):
+    full = loop.pretrained_path(self.config)
+    if not (full or self.config.lit.image_init):
+      raise ValueError('A locked image tower needs weights: set '
+                       'config.lit.image_init (an image model .npz) or '
+                       'pretrained_path (a LiT .npz).')
+    for path in (full, self.config.lit.image_init):
+      if path:
+        storage.local_copy(path)  # fails fast; fetched once if remote
+
+  def initial_params(self, params):
+    """All from `pretrained_path` (a LiT .npz), else the locked image tower
+    from `config.lit.image_init` (an image model's or a LiT .npz)."""
+    full = loop.pretrained_path(self.config)
+    if full:
+      return checkpoint.load_params(full, init_params=params,
+                                    model_config={})
+    params['img'] = checkpoint.load_params(
+        self.config.lit.image_init, init_params=params['img'],
+        model_config=self.config.model.image)
+    return params
+
+  def train_step(self, state, batch, *, rng):
+    """One step on the text tower (and t, b) against locked image
+    embeddings."""
+    zimg, _, _ = state.apply_fn({'params': state.params},
+                                images=batch['image'])
+    zimg = jax.lax.stop_gradient(zimg)
+    loss_fn = contrastive_losses.LOSSES[self.config.lit.loss]
+
+    def compute_loss(params):
+      _, ztxt, out = state.apply_fn(
+          {'params': params}, tokens=batch['tokens'], train=True,
+          rngs={'dropout': jax.random.fold_in(rng, state.step)})
+      b = out['b'][0] if 'b' in out else None
+      return loss_fn(zimg, ztxt, out['t'][0], b), (ztxt, out['t'][0])
+
+    (value, (ztxt, t)), grads = jax.value_and_grad(
+        compute_loss, has_aux=True)(state.params)
+    metrics = {'loss': value, 'temperature': t,
+               'retrieval': contrastive_losses.retrieval_accuracy(zimg, ztxt)}
+    return state.apply_gradients(grads=grads), metrics
+
+  def batches(self, *, batch_size, rows, start_step):
+    """This process's rows of the (image, tokens) batches."""
+    return caption_data.train_iterator(self.config, self.tokenizer,
+                                       batch_size=batch_size, rows=rows,
+                                       start_step=start_step)
+
+  def checkpoint_model(self, path):
+    del path
+    return self.model
+
+  def checkpoint_params(self, path, model):
+    del model
+    return checkpoint.load_params(path,
+                                  init_params=abstract_params(self.config,
+                                                              self.model),
+                                  model_config={})
