@@ -1,248 +1,98 @@
-"""Checkpoints in the original release's .npz format, and fine-tuning loads.
+"""From any checkpoint to a model's parameters: `load_params`.
 
-Keys are '/'-joined parameter paths. Published files number an encoder
-block's submodules pre-Linen, across classes (`LayerNorm_0`,
-`MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`): `load` converts
-with flax's `convert_pre_linen` and `save` writes the published names back.
-The hybrids' GroupNorm scale and bias are (1, 1, 1, C) in files, (C,) here.
-Errors a user can cause raise `FileNotFoundError` or `CheckpointError` with a
-short listing, before anything is compiled.
+A checkpoint is an .npz in the original release's format (local, gs:// or
+https://) or an Orbax workdir; `checkpoint_files` reads and writes them, and
+its public names are importable from here, where the original has them.
+`load_params` fits what it reads to the model: blocks stacked or not, a LiT
+file's image tower, the head, `pre_logits` and the position tables, and says
+on stderr what it changed. `model_config_for` and `image_size` tell the
+model that a checkpoint was trained as, for callers that build it.
 """
 
 import os
-import re
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
-import zipfile
-import zlib
+import sys
+from typing import Any, Dict, Mapping, Optional, Tuple
 
-from absl import logging
 from flax import traverse_util
-from flax.training import checkpoints as flax_checkpoints
 import jax
 import numpy as np
 
 from vit_jax import models_vit
 from vit_jax import posemb_resize
-from vit_jax import storage
-# Also importable from here, where the original release has them.
-from vit_jax.posemb_resize import interpolate_posembed  # pylint: disable=unused-import
+# pylint: disable=unused-import
+from vit_jax.checkpoint_files import CheckpointError
+from vit_jax.checkpoint_files import inspect_params
+from vit_jax.checkpoint_files import load
+from vit_jax.checkpoint_files import published_flat
+from vit_jax.checkpoint_files import read_params
+from vit_jax.checkpoint_files import save
+from vit_jax.checkpoint_files import scan_like
+from vit_jax.checkpoint_files import shape_of
+from vit_jax.checkpoint_files import wrong_shapes
+from vit_jax.posemb_resize import interpolate_posembed
 from vit_jax.posemb_resize import resize_posemb_grid
+# pylint: enable=unused-import
 
 Params = Dict[str, Any]
 
-# Linen names inside an encoder block -> the published, pre-Linen names.
-_LINEN_TO_PRE_LINEN = {
-    'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
-    'LayerNorm_1': 'LayerNorm_2',
-    'MlpBlock_0': 'MlpBlock_3',
-}
-_ENCODER_BLOCK = re.compile(r'(encoderblock_\d+/)([^/]+)')
-# GroupNorm modules of the hybrid ResNet ('gn_root', 'gn_proj', 'gn1'...).
-_GROUPNORM = re.compile(r'gn(\d+|_root|_proj)')
-_MAX_LISTED = 10
-# What numpy and zipfile raise on damaged or unsafe files.
-_DECODE_ERRORS = (ValueError, EOFError, KeyError, zipfile.BadZipFile,
-                  zlib.error)
+
+def _note(path: str, action: str) -> None:
+  """One line on stderr (process 0) for each change made to a checkpoint."""
+  if jax.process_index() == 0:
+    print(f'Checkpoint {path}: {action}.', file=sys.stderr, flush=True)
 
 
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be read, or that does not fit the model."""
+def _has_pre_logits(params: Mapping[str, Any]) -> bool:
+  return 'kernel' in (params.get('pre_logits') or {})
 
 
-# Files.
+def _image_tower(params: Params, path: str) -> Params:
+  """The `img` subtree of a LiT file; other trees unchanged."""
+  if 'img' in params and 'txt' in params:
+    _note(path, 'took the LiT image tower (img)')
+    return params['img']
+  return params
 
 
-def _groupnorm_shapes(flat: Mapping[str, Any], to_file: bool) -> Params:
-  """GroupNorm scale/bias: (1, 1, 1, C) in files, (C,) in Linen."""
-  def reshape(key, value):
-    module, _, name = key.rpartition('/')
-    if not (_GROUPNORM.fullmatch(module.rpartition('/')[2]) and
-            name in ('scale', 'bias')):
-      return value
-    return value.reshape((1, 1, 1, -1) if to_file else (-1,))
-  return {k: reshape(k, v) for k, v in flat.items()}
+def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
+  """`model_config` (a dict) with the head and `pre_logits` of `params`.
 
-
-def _read_arrays(path: str) -> Params:
-  """The archive's arrays by key; refuses pickles and non-numeric data."""
-  try:
-    archive = np.load(path, allow_pickle=False)
-  except _DECODE_ERRORS as e:
-    raise CheckpointError(
-        f'Cannot read checkpoint {path}: not an .npz archive, or truncated or '
-        f'corrupt ({type(e).__name__}: {e}).') from e
-  if not isinstance(archive, np.lib.npyio.NpzFile):
-    raise CheckpointError(
-        f'{path} holds a single array, not an .npz archive of parameters.')
-  flat = {}
-  with archive:
-    for key in archive.files:
-      try:
-        flat[key] = archive[key]
-      except _DECODE_ERRORS as e:
-        what = ('a pickled object array, which is never loaded'
-                if 'allow_pickle' in str(e) else 'truncated or corrupt')
-        raise CheckpointError(
-            f'Cannot read {key!r} from checkpoint {path}: {what} '
-            f'({type(e).__name__}: {e}).') from e
-      if flat[key].dtype.kind not in 'biufc':
-        raise CheckpointError(
-            f'{key!r} in checkpoint {path} has dtype {flat[key].dtype}, not a '
-            'numeric parameter.')
-  if not flat:
-    raise CheckpointError(f'Checkpoint {path} holds no arrays.')
-  return flat
-
-
-def load(path) -> Params:
-  """Reads a checkpoint into nested dicts of numpy arrays, with Linen names.
-
-  `path` may be local, in a bucket (gs://) or an https:// URL (fetched into
-  a local cache once). Accepts pre-Linen and Linen names alike, and never
-  unpickles. Raises
-  FileNotFoundError, or CheckpointError for a damaged or non-numeric file.
+  `num_classes` is the width of the checkpoint's head (None without one);
+  `representation_size` that of its `pre_logits` (None without one). A LiT
+  file given for an image model's config describes its image tower.
   """
-  path = os.fspath(path)
-  flat = _groupnorm_shapes(_read_arrays(storage.local_copy(path)),
-                           to_file=False)
-  try:
-    tree = traverse_util.unflatten_dict(flat, sep='/')
-  except (TypeError, ValueError, IndexError) as e:
-    raise CheckpointError(f'{path}: a key lies under another parameter '
-                          f'({e}).') from e
-  return flax_checkpoints.convert_pre_linen(tree)
+  config = dict(model_config.to_dict() if hasattr(model_config, 'to_dict')
+                else model_config)
+  if 'image' not in config and 'img' in params and 'txt' in params:
+    params = params['img']
+  head = params.get('head')
+  config['num_classes'] = shape_of(head['kernel'])[-1] if head else None
+  config['representation_size'] = (
+      shape_of(params['pre_logits']['kernel'])[-1]
+      if _has_pre_logits(params) else None)
+  return config
 
 
-def _unscanned(flat: Mapping[str, Any]) -> Params:
-  """Blocks stacked by `transformer.scan` -> `encoderblock_{i}` (published)."""
-  out = {}
-  for key, value in flat.items():
-    head, scanned, tail = key.partition('encoderblock/')
-    out.update({f'{head}encoderblock_{i}/{tail}': layer
-                for i, layer in enumerate(value)} if scanned else {key: value})
-  return out
+def image_size(params: Mapping[str, Any], model_config) -> int:
+  """The image side that the checkpoint's token grid implies (square)."""
+  patch = models_vit.patch_size(model_config['patches'])[0]
+  mixing = params.get('MixerBlock_0', {}).get('token_mixing')
+  tables = params.get('Transformer', {}).get('posembed_input', {})
+  if mixing is not None:
+    tokens = shape_of(mixing['Dense_0']['kernel'])[0]
+  elif 'pos_embedding_row' in tables:
+    tokens = shape_of(tables['pos_embedding_row'])[1]**2
+  elif 'pos_embedding' in tables:
+    tokens = shape_of(tables['pos_embedding'])[1] - int(
+        models_vit.has_class_token(model_config))
+  else:
+    raise ValueError('The checkpoint has no position table that fixes its '
+                     'resolution: give the image size.')
+  side = int(round(np.sqrt(tokens)))
+  return side * patch * models_vit.resnet_stride(model_config.get('resnet'))
 
 
-def scan_like(params: Mapping[str, Any], model_params: Mapping[str, Any]):
-  """Stacks per-block parameters if the model scans its blocks."""
-  if 'encoderblock' not in model_params.get('Transformer', {}):
-    return params
-  layers, out = {}, {}
-  for key, value in traverse_util.flatten_dict(params, sep='/').items():
-    match = re.fullmatch(r'(.*)encoderblock_(\d+)/(.*)', key)
-    if match:
-      stacked = f'{match[1]}encoderblock/{match[3]}'
-      layers.setdefault(stacked, {})[int(match[2])] = value
-    else:
-      out[key] = value
-  out.update({key: np.stack([blocks[i] for i in sorted(blocks)])
-              for key, blocks in layers.items()})
-  return traverse_util.unflatten_dict(out, sep='/')
-
-
-def _published_name(key: str) -> str:
-  """The published (pre-Linen) name of a '/'-joined Linen parameter path."""
-  return _ENCODER_BLOCK.sub(
-      lambda m: m[1] + _LINEN_TO_PRE_LINEN.get(m[2], m[2]), key)
-
-
-def published_flat(params: Mapping[str, Any]) -> Params:
-  """`params` (nested, Linen names, blocks maybe scanned) by '/'-joined
-  published names, one entry per block; GroupNorm shapes are left as they
-  are (`save` gives them the files' (1, 1, 1, C))."""
-  flat = _unscanned(traverse_util.flatten_dict(dict(params), sep='/'))
-  return {_published_name(k): v for k, v in flat.items()}
-
-
-def save(params: Mapping[str, Any], path) -> None:
-  """Writes `params` in the published format; `load` reads it back exactly.
-
-  `path` may be local or in a bucket (gs://). The file appears atomically
-  (written beside `path`, then renamed). Empty
-  dicts (parameter-less modules) are not stored; `inspect_params` restores
-  them. Scanned blocks are written one per block.
-  """
-  path = os.fspath(path)
-  flat = _groupnorm_shapes(
-      {k: np.asarray(v) for k, v in published_flat(
-          jax.device_get(dict(params))).items()}, to_file=True)
-  for key, value in flat.items():
-    # bfloat16 and friends would be stored as opaque bytes: refuse them.
-    if value.dtype.kind not in 'biufc':
-      raise ValueError(f'Cannot save {key!r} of dtype {value.dtype}: cast it '
-                       'to a numpy float type (e.g. float32) first.')
-  storage.write_atomic(path, lambda f: np.savez(f, **flat))
-
-
-# Checking a tree against the model.
-
-
-def _shape(x) -> Tuple[int, ...]:
-  return tuple(np.shape(x))  # arrays, ShapeDtypeStructs, Orbax metadata
-
-
-def _listing(title: str, keys: Sequence[str], describe) -> str:
-  lines = [f'  {len(keys)} {title}:']
-  lines += [f'    {describe(k)}' for k in keys[:_MAX_LISTED]]
-  if len(keys) > _MAX_LISTED:
-    lines.append(f'    ... and {len(keys) - _MAX_LISTED} more')
-  return '\n'.join(lines)
-
-
-def _wrong_shapes(what: str, keys, have, want) -> str:
-  return _listing(f'{what} have the wrong shape (checkpoint vs model)', keys,
-                  lambda k: f'{k}: {_shape(have[k])} vs {_shape(want[k])}')
-
-
-def inspect_params(*,
-                   params: Mapping[str, Any],
-                   expected: Mapping[str, Any],
-                   fail_if_extra: bool = True,
-                   fail_if_missing: bool = True,
-                   source: Optional[str] = None) -> Params:
-  """Compares the keys and shapes of `params` with the model's `expected`.
-
-  Missing and extra keys are logged, and raise when asked to; wrong shapes
-  always raise. Leaves only need a `shape`.
-
-  Args:
-    params: a loaded tree.
-    expected: the model's tree, e.g. from `model.init` or `jax.eval_shape`.
-    fail_if_extra: raise on keys the model lacks; else drop them.
-    fail_if_missing: raise on model keys that `params` lacks.
-    source: what `params` is, for messages (e.g. 'Checkpoint PATH').
-
-  Returns:
-    `params` without extra keys, plus the model's empty dicts. Raises a
-    CheckpointError listing the first few offending keys, with shapes.
-  """
-  have = traverse_util.flatten_dict(params, sep='/')
-  want = traverse_util.flatten_dict(expected, sep='/', keep_empty_nodes=True)
-  empty = {k for k, v in want.items() if v is traverse_util.empty_node}
-  missing = sorted(want.keys() - have.keys() - empty)
-  extra = sorted(have.keys() - want.keys())
-  wrong = sorted(k for k in have.keys() & want.keys()
-                 if _shape(have[k]) != _shape(want[k]))
-  if missing or extra:
-    logging.info('inspect_params: missing keys %s, extra keys %s', missing,
-                 extra)
-  if wrong or (missing and fail_if_missing) or (extra and fail_if_extra):
-    parts = [f'{source or "The parameters"} does not fit the model:']
-    if wrong:
-      parts.append(_wrong_shapes('parameters', wrong, have, want))
-    if missing and fail_if_missing:
-      parts.append(_listing('model parameters are missing', missing,
-                            lambda k: f'{k}: {_shape(want[k])}'))
-    if extra and fail_if_extra:
-      parts.append(_listing('parameters are not in the model', extra,
-                            lambda k: f'{k}: {_shape(have[k])}'))
-    raise CheckpointError('\n'.join(parts))
-  kept = {k: v for k, v in have.items() if k not in extra}
-  kept.update({k: {} for k in empty})
-  return traverse_util.unflatten_dict(kept, sep='/')
-
-
-# Fine-tuning.
+# Fitting a checkpoint to the model.
 
 # The position tables under Transformer/posembed_input, per `posemb`.
 _POSEMB_TABLES = {'learn': ('pos_embedding',),
@@ -278,7 +128,7 @@ def _resize_posemb(params, init_params, path, posemb, has_cls, method,
   for axis, name in enumerate(_POSEMB_TABLES.get(posemb, ())):
     if name not in tables or name not in targets:
       continue  # inspect_params lists what is missing
-    have, want = _shape(tables[name]), _shape(targets[name])
+    have, want = shape_of(tables[name]), shape_of(targets[name])
     # Only the token count is resizable; inspect_params lists the rest.
     if have == want or len(have) != 3 or len(want) != 3 or (
         have[0], have[2]) != (want[0], want[2]):
@@ -289,7 +139,7 @@ def _resize_posemb(params, init_params, path, posemb, has_cls, method,
     except ValueError as e:
       raise CheckpointError(f'Cannot resize {name} of {path} from {have} to '
                             f'{want}: {e}') from e
-    logging.info('load_pretrained: resized %s %s -> %s.', name, have, want)
+    _note(path, f'resized {name} from {have} to {want}')
 
 
 def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],
@@ -297,40 +147,113 @@ def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],
   """Explains the shape mismatches that no change of resolution can fix."""
   def wrong(part):
     return sorted(k for k in have if part in k and k in want and
-                  _shape(have[k]) != _shape(want[k]))
+                  shape_of(have[k]) != shape_of(want[k]))
 
   relative, mixing = wrong('/posembed_relative/'), wrong('/token_mixing/')
   if relative:
     k = relative[0]
     raise CheckpointError(
         f'Checkpoint {path} does not fit the model: {k} is '
-        f'{_shape(have[k])} in the checkpoint and {_shape(want[k])} in the '
+        f'{shape_of(have[k])} in the checkpoint and {shape_of(want[k])} in the '
         'model. Relative position tables never depend on the resolution: '
         'keep transformer.relative_max_distance and the heads of '
         'pre-training.\n' +
-        _wrong_shapes('relative position tables', relative, have, want))
+        wrong_shapes('relative position tables', relative, have, want))
   if mixing:  # sorted first: MixerBlock_0/token_mixing/Dense_0/kernel
     raise CheckpointError(
-        f'Checkpoint {path} is an MLP-Mixer for {_shape(have[mixing[0]])[0]} '
-        f'patches, but the model makes {_shape(want[mixing[0]])[0]}: its '
+        f'Checkpoint {path} is an MLP-Mixer for {shape_of(have[mixing[0]])[0]} '
+        f'patches, but the model makes {shape_of(want[mixing[0]])[0]}: its '
         'token-mixing MLPs are as wide as the number of patches, so it '
         'cannot be fine-tuned at another resolution.\n' +
-        _wrong_shapes('token-mixing parameters', mixing, have, want))
+        wrong_shapes('token-mixing parameters', mixing, have, want))
 
 
-def _fresh_head(params, init_params, representation_size, path):
-  """Puts in the model's head; drops or supplies `pre_logits` as needed."""
-  params.pop('head', None)
-  if 'head' in init_params:
+def _abstract(tree) -> bool:
+  return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def _fit_head(params, init_params, new_head, path):
+  """The model's fresh head, or the file's; `pre_logits` if the model has
+  them (the model's own, when fine-tuning from a file without)."""
+  if new_head and 'head' in init_params:
+    if _abstract(init_params['head']):
+      raise ValueError('new_head=True takes the head from init_params: give '
+                       'arrays, not shapes.')
     params['head'] = dict(init_params['head'])
-  if representation_size is None:
+    kernel = shape_of(init_params['head']['kernel'])
+    _note(path, f"new head {kernel} (the model's initial one)")
+  elif 'head' not in init_params and params.pop('head', None):
+    _note(path, 'dropped the head (the model has none)')
+  if not _has_pre_logits(init_params):
     # inspect_params gives back the model's {} if it has a parameter-less one.
-    if params.pop('pre_logits', None):
-      logging.info('load_pretrained: dropping pre_logits (drop-head variant).')
-  elif 'pre_logits' not in params and 'pre_logits' in init_params:
-    logging.warning('load_pretrained: %s has no pre_logits; starting from the '
-                    'initial ones.', path)
+    if _has_pre_logits(params.pop('pre_logits', {})):
+      _note(path, 'dropped pre_logits (the model has none)')
+  elif new_head and not _has_pre_logits(params):
+    if _abstract(init_params['pre_logits']):
+      raise ValueError(f'{path} has no pre_logits, and init_params holds '
+                       'shapes, not initial values for them.')
     params['pre_logits'] = dict(init_params['pre_logits'])
+    _note(path, "the model's initial pre_logits (the file has none)")
+
+
+def load_params(path,
+                *,
+                init_params: Mapping[str, Any],
+                model_config,
+                new_head: bool = False,
+                new_grid: Optional[Tuple[int, int]] = None,
+                old_grid: Optional[Tuple[int, int]] = None,
+                resize_method: str = 'bicubic',
+                resize_posemb: bool = True) -> Params:
+  """The parameters of the checkpoint at `path`, fitted to a model.
+
+  Blocks are stacked as the model's; a LiT file given for an image model
+  yields its image tower (`img`). With `new_head` the head is the model's
+  fresh one (fine-tuning); else the file's is kept if the model has a head
+  and dropped if not. `pre_logits` is dropped if the model has none.
+  Position tables are resized to the model's grid as in `load_pretrained`.
+  Each of these changes is printed as one line on stderr.
+
+  Args:
+    path: an .npz (local, gs://, https://), an Orbax workdir, or one of its
+      `checkpoints/<step>` directories (its `params` only are read).
+    init_params: the model's parameters, or their shapes (`jax.eval_shape`)
+      unless `new_head` needs the model's initial head.
+    model_config: with `classifier` ('token') and `posemb` ('learn').
+    new_head: fine-tuning: the head of `init_params`, not the file's.
+    new_grid: (h, w) patch grid of the model if not square.
+    old_grid: (h, w) patch grid of the checkpoint, if not square.
+    resize_method: 'bicubic' or 'linear_zoom', see `resize_posemb_grid`.
+    resize_posemb: False to refuse position tables of another size.
+
+  Returns:
+    Numpy parameters shaped like `init_params`. Raises FileNotFoundError,
+    or CheckpointError listing the keys and shapes that do not fit.
+  """
+  path = os.fspath(path)
+  posemb = model_config.get('posemb') or 'learn'
+  if posemb not in models_vit.POSEMBS:
+    raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
+                     f'of {models_vit.POSEMBS}.')
+  posemb_resize.check_method(resize_method)
+  tables = set(_posembed_input(init_params))
+  if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
+    raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
+                     f'position tables {sorted(tables)}: pass the config of '
+                     'the model of init_params.')
+  params = read_params(path)
+  if 'img' not in init_params:
+    params = _image_tower(params, path)
+  params = scan_like(params, init_params)
+  _fit_head(params, init_params, new_head, path)
+  _check_unresizable(traverse_util.flatten_dict(params, sep='/'),
+                     traverse_util.flatten_dict(init_params, sep='/'), path)
+  if resize_posemb:
+    _resize_posemb(params, init_params, path, posemb,
+                   int(models_vit.has_class_token(model_config)),
+                   resize_method, new_grid=new_grid, old_grid=old_grid)
+  return inspect_params(params=params, expected=init_params,
+                        source=f'Checkpoint {path}')
 
 
 def load_pretrained(*,
@@ -362,26 +285,7 @@ def load_pretrained(*,
     Parameters shaped like `init_params`; CheckpointError lists what does
     not fit.
   """
-  path = os.fspath(pretrained_path)
-  posemb = model_config.get('posemb') or 'learn'
-  if posemb not in models_vit.POSEMBS:
-    raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
-                     f'of {models_vit.POSEMBS}.')
-  posemb_resize.check_method(resize_method)
-  tables = set(_posembed_input(init_params))
-  if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
-    raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
-                     f'position tables {sorted(tables)}: pass the config of '
-                     'the model of init_params.')
-  params = scan_like(load(path), init_params)
-  _fresh_head(params, init_params, model_config.get('representation_size'),
-              path)
-  _check_unresizable(traverse_util.flatten_dict(params, sep='/'),
-                     traverse_util.flatten_dict(init_params, sep='/'), path)
-  has_cls = model_config.get('classifier', 'token') in ('token',
-                                                        'token_unpooled')
-  _resize_posemb(params, init_params, path, posemb, int(has_cls),
-                 resize_method, new_grid=new_grid, old_grid=old_grid)
-  return inspect_params(params=params, expected=init_params,
-                        fail_if_extra=False, fail_if_missing=True,
-                        source=f'Checkpoint {path}')
+  return load_params(pretrained_path, init_params=init_params,
+                     model_config=model_config, new_head=True,
+                     new_grid=new_grid, old_grid=old_grid,
+                     resize_method=resize_method)

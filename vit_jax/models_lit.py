@@ -4,7 +4,7 @@ An image tower (a vit_jax VisionTransformer, `img`) and a text tower (`txt`)
 embed into one space; both embeddings are L2-normalized and compared by dot
 products times a learned temperature exp(`t`) (plus, for SigLIP's sigmoid
 loss, a learned bias `b`). The parameter tree is the original release's, so
-its published `.npz` files load with `checkpoint.load`:
+its published `.npz` files load with `checkpoint.load_params`:
 
   img/...        the ViT; its `head` (if any) projects to the shared space
   txt/...        `BertModel` (`BertEncoder_0`, `head`) or `TextTransformer`
@@ -18,7 +18,6 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint
 from vit_jax import models_bert
 from vit_jax import models_vit
 
@@ -122,10 +121,6 @@ class LitModel(nn.Module):
   temperature_init: float = 1.
   bias_init: Optional[float] = None
   model_name: Optional[str] = None
-
-  def load_variables(self, path):
-    """{'params': ...} of a LiT `.npz` file (published or saved here)."""
-    return {'params': checkpoint.load(path)}
 
   @nn.compact
   def __call__(self, *, images=None, tokens=None, train=False):

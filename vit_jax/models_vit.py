@@ -507,6 +507,15 @@ class MAPHead(nn.Module):
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 
 
+def has_class_token(classifier_or_config) -> bool:
+  """Whether a classifier (or a model config's, default 'token') prepends a
+  class token to the patches."""
+  classifier = classifier_or_config
+  if not isinstance(classifier, str):
+    classifier = classifier_or_config.get('classifier') or 'token'
+  return classifier in ('token', 'token_unpooled')
+
+
 class VisionTransformer(nn.Module):
   """Vision Transformer, optionally on top of a ResNet (the hybrids).
 
@@ -563,7 +572,7 @@ class VisionTransformer(nn.Module):
                 padding='VALID', name='embedding', dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
-    if self.classifier in ('token', 'token_unpooled'):
+    if has_class_token(self.classifier):
       cls = self.param('cls', nn.initializers.zeros, (1, 1, c))
       x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(dtype), x], axis=1)
     x = Encoder(name='Transformer', posemb=self.posemb, dtype=dtype,

@@ -1,4 +1,4 @@
-r"""Top-k classes of images, from a checkpoint in the published .npz format.
+r"""Top-k classes of images, from a checkpoint (.npz or training workdir).
 
   python -m vit_jax.predict --model_name=ViT-B_16 --checkpoint=ViT-B_16.npz \
       cat.jpg dog.png
@@ -17,6 +17,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
+from etils import epath
 import jax
 import ml_collections
 import numpy as np
@@ -25,7 +26,6 @@ import tensorflow as tf
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import models
-from vit_jax import models_vit
 
 FLAGS = flags.FLAGS
 
@@ -34,52 +34,32 @@ LABEL_FILES = {1000: 'imagenet2012_labels.txt',
                21843: 'imagenet21k_labels.txt'}
 
 
-def image_size(params, model_config) -> int:
-  """The image side that the checkpoint's token grid implies (square)."""
-  patch = models_vit.patch_size(model_config['patches'])[0]
-  mixing = params.get('MixerBlock_0', {}).get('token_mixing')
-  if mixing is not None:
-    tokens = mixing['Dense_0']['kernel'].shape[0]
-  else:
-    tables = params.get('Transformer', {}).get('posembed_input', {})
-    if 'pos_embedding_row' in tables:
-      tokens = tables['pos_embedding_row'].shape[1]**2
-    elif 'pos_embedding' in tables:
-      tokens = tables['pos_embedding'].shape[1] - int(
-          model_config.get('classifier', 'token') in ('token',
-                                                      'token_unpooled'))
-    else:
-      raise ValueError('The checkpoint has no position table that fixes its '
-                       'resolution: give --size.')
-  side = int(round(np.sqrt(tokens)))
-  stride = models_vit.resnet_stride(model_config.get('resnet'))
-  return side * patch * stride
+# The side that a checkpoint's position table implies; here for callers of
+# the command line's functions.
+image_size = checkpoint.image_size
 
 
 def load_classifier(model_name, path, size=None):
   """(model, params, image side) for the checkpoint at `path`."""
-  params = checkpoint.load(path)
-  if 'head' not in params:
+  found = checkpoint.read_params(path)
+  config = checkpoint.model_config_for(found, models.MODEL_CONFIGS[model_name])
+  if config['num_classes'] is None:
     raise ValueError(f'{path} has no `head`: it cannot classify.')
-  config = dict(models.MODEL_CONFIGS[model_name].to_dict())
-  if 'pre_logits' in params:  # the published i21k checkpoints have one
-    config['representation_size'] = params['pre_logits']['kernel'].shape[-1]
-  size = size or image_size(params, config)
-  model = models.get_model(model_name, **dict(
-      config, num_classes=params['head']['kernel'].shape[-1]))
+  size = size or image_size(found, config)
+  model = models.get_model(model_name, **config)
   expected = jax.eval_shape(lambda: model.init(
       jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
       train=False))['params']
-  params = checkpoint.inspect_params(params=params, expected=expected,
-                                     source=f'Checkpoint {path}')
+  params = checkpoint.load_params(path, init_params=expected,
+                                  model_config=config)
   return model, params, size
 
 
 def read_image(path, size):
   """The image at `path` as the model sees it: (size, size, 3) in [-1, 1]."""
-  if not tf.io.gfile.exists(path):
+  if not epath.Path(path).exists():
     raise FileNotFoundError(f'{path}: no such file.')
-  data = tf.io.read_file(path)
+  data = epath.Path(path).read_bytes()
   try:
     image = tf.io.decode_image(data, channels=3, expand_animations=False)
   except tf.errors.InvalidArgumentError as e:
@@ -95,8 +75,8 @@ def class_names(num_classes, labels_path=None):
     labels_path = os.path.join(DATA, LABEL_FILES[num_classes])
   if labels_path is None:
     return [str(i) for i in range(num_classes)]
-  with open(labels_path) as f:
-    names = [line.strip() for line in f if line.strip()]
+  lines = epath.Path(labels_path).read_text().splitlines()
+  names = [line.strip() for line in lines if line.strip()]
   if len(names) != num_classes:
     raise ValueError(f'{labels_path} names {len(names)} classes, but the '
                      f'head has {num_classes}.')
@@ -136,7 +116,7 @@ def main(argv):
 if __name__ == '__main__':
   # Defined here, not on import, so that other modules may define theirs.
   flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
-  flags.DEFINE_string('checkpoint', None, 'The .npz file.')
+  flags.DEFINE_string('checkpoint', None, 'The .npz file or workdir.')
   flags.DEFINE_string('labels', None, 'Class names, one per line.')
   flags.DEFINE_integer('size', None, "Image side (default: the checkpoint's).")
   flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')

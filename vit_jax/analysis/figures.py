@@ -1,5 +1,6 @@
 """The paper's Figure 6 and 7 panels, drawn with matplotlib (Agg)."""
 
+from etils import epath
 import matplotlib
 
 matplotlib.use('Agg')
@@ -100,5 +101,8 @@ def rollout(images, maps):
 
 
 def save(fig, path):
-  fig.savefig(path, dpi=DPI)
+  """Writes `fig` to `path` (local or in a bucket), in its suffix's format."""
+  path = epath.Path(path)
+  with path.open('wb') as f:
+    fig.savefig(f, dpi=DPI, format=path.suffix[1:])
   plt.close(fig)

@@ -7,6 +7,7 @@ panel's numbers; `write` saves the four figures and `analysis.json`.
 import json
 import os
 
+from etils import epath
 import jax
 import numpy as np
 
@@ -14,7 +15,6 @@ from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import models_vit
-from vit_jax import predict
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
@@ -26,26 +26,20 @@ def load_model(model_config, path):
   """(model, params, image side) of the checkpoint at `path`.
 
   The head and `pre_logits` sizes come from the checkpoint; the image side
-  from its position table (`predict.image_size`).
+  from its position table (`checkpoint.image_size`).
   """
-  config = dict(model_config)
-  if config.get('resnet') is None and 'patches' not in config:
+  if model_config.get('resnet') is None and 'patches' not in model_config:
     raise ValueError('Not a ViT model config (no `patches`).')
-  params = checkpoint.load(path)
-  head = params.get('head')
-  config['num_classes'] = head['kernel'].shape[-1] if head else None
-  if 'kernel' in params.get('pre_logits', {}):
-    config['representation_size'] = params['pre_logits']['kernel'].shape[-1]
-  size = predict.image_size(params, config)
+  found = checkpoint.read_params(path)
+  config = checkpoint.model_config_for(found, model_config)
+  size = checkpoint.image_size(found, config)
   config.pop('model_name', None)
   model = models.VisionTransformer(**config)
   expected = jax.eval_shape(lambda: model.init(
       jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
       train=False))['params']
-  params = checkpoint.inspect_params(
-      params=checkpoint.scan_like(params, expected), expected=expected,
-      source=f'Checkpoint {path}')
-  return model, params, size
+  return model, checkpoint.load_params(path, init_params=expected,
+                                       model_config=config), size
 
 
 def dataset_images(config, size, count):
@@ -111,7 +105,7 @@ def analyze(model, params, images, rollout_images=None, gray=False):
 
 def write(results, out_dir, notes=None):
   """Saves the figures (PNG) and `analysis.json`; returns the PNG paths."""
-  os.makedirs(out_dir, exist_ok=True)
+  epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
   drawn = {
       'attention_distance': lambda: figures.attention_distance(
           results['mean_attention_distance'],
@@ -140,6 +134,6 @@ def write(results, out_dir, notes=None):
   if 'filter_variance' in results:
     summary['filter_variance_ratio'] = results['filter_variance'].tolist()
   summary.update(notes or {})
-  with open(os.path.join(out_dir, 'analysis.json'), 'w') as f:
-    json.dump(summary, f, indent=1)
+  (epath.Path(out_dir) / 'analysis.json').write_text(
+      json.dumps(summary, indent=1))
   return paths
