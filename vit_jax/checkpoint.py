@@ -186,7 +186,7 @@ def _fit_head(params, init_params, new_head, path):
     _note(path, 'dropped the head (the model has none)')
   if not _has_pre_logits(init_params):
     # inspect_params gives back the model's {} if it has a parameter-less one.
-    if _has_pre_logits(params.pop('pre_logits', {})):
+    if 'kernel' in (params.pop('pre_logits', None) or {}):
       _note(path, 'dropped pre_logits (the model has none)')
   elif new_head and not _has_pre_logits(params):
     if _abstract(init_params['pre_logits']):
