@@ -12,23 +12,8 @@ from helpers import random_params
 from vit_jax import models
 from vit_jax import models_resnet
 
-# The original release's parameter counts at 224 px with 1000 classes.
-EXPECTED_PARAMS = {
-    'R+ViT-Ti_16': 6_337_704,
-    'R26+ViT-S_32': 36_431_912,
-    'R26+ViT-B_32': 101_383_976,
-    'R50+ViT-B_16': 98_659_112,
-    'R50+ViT-L_32': 328_994_856,
-}
-
 TINY = dict(num_classes=7, patches={'size': (1, 1)},
             resnet={'num_layers': (1, 2), 'width_factor': 0.5})
-
-
-@pytest.mark.parametrize('name', sorted(EXPECTED_PARAMS))
-def test_param_count(name):
-  model = models.get_model(name, num_classes=1000)
-  assert models.count_params(model) == EXPECTED_PARAMS[name]
 
 
 def test_param_tree_names():

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from vit_jax import models_bert
@@ -121,6 +122,14 @@ class LitModel(nn.Module):
   temperature_init: float = 1.
   bias_init: Optional[float] = None
   model_name: Optional[str] = None
+
+  def __post_init__(self):
+    # `pp.max_len` as in the original, whose pp is a ConfigDict; `pp[...]`
+    # works too. Frozen: a module's attributes are hashable.
+    if self.pp is not None and not isinstance(
+        self.pp, ml_collections.FrozenConfigDict):
+      object.__setattr__(self, 'pp', ml_collections.FrozenConfigDict(self.pp))
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, *, images=None, tokens=None, train=False):

@@ -1,0 +1,92 @@
+"""Every preset's parameter count, and a model package without the data
+stack."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from vit_jax import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Parameters at 224 px with 1000 classes (LiT: as the preset is). All but
+# 'Mixer-testing' and 'LiT-B16B_2' are the original release's
+# (vit_jax/models_test.py); those two are ours.
+MODEL_SIZES = {
+    'LiT-B16B': 195_871_489,
+    'LiT-B16B_2': 195_280_897,
+    'LiT-L16L': 638_443_521,
+    'LiT-L16S': 331_140_353,
+    'LiT-L16Ti': 311_913_089,
+    'Mixer-B_16': 59_880_472,
+    'Mixer-B_32': 60_293_428,
+    'Mixer-L_16': 208_196_168,
+    'Mixer-testing': 38_288,
+    'R+ViT-Ti_16': 6_337_704,
+    'R26+ViT-B_32': 101_383_976,
+    'R26+ViT-S_32': 36_431_912,
+    'R50+ViT-B_16': 98_659_112,
+    'R50+ViT-L_32': 328_994_856,
+    'ViT-B_8': 86_576_872,
+    'ViT-B_16': 86_567_656,
+    'ViT-B_16-gap-norep': 86_566_120,
+    'ViT-B_32': 88_224_232,
+    'ViT-B_32-gap-norep': 88_222_696,
+    'ViT-H_14': 632_045_800,
+    'ViT-L_16': 304_326_632,
+    'ViT-L_32': 306_535_400,
+    'ViT-S_16': 22_050_664,
+    'ViT-S_16-gap-norep': 22_049_896,
+    'ViT-S_32': 22_878_952,
+    'ViT-S_32-gap-norep': 22_878_184,
+    'ViT-Ti_16': 5_717_416,
+    'testing': 21_390,
+    'testing-unpooled': 21_370,
+}
+
+DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
+
+
+def test_all_tested():
+  assert set(models.MODEL_CONFIGS) == set(MODEL_SIZES)
+
+
+@pytest.mark.parametrize('name', sorted(MODEL_SIZES))
+def test_param_count(name):
+  kw = {} if name.startswith('LiT-') else dict(num_classes=1000)
+  model = models.get_model(name, **kw)
+  assert isinstance(model, models.model_class(name))
+  assert models.count_params(model) == MODEL_SIZES[name]
+
+
+@pytest.mark.parametrize('name', ['testing', 'testing-unpooled',
+                                  'Mixer-testing'])
+def test_output_shape(name):
+  model = models.get_model(name, num_classes=1000)
+  images = jnp.ones((2, 224, 224, 3))
+  out = jax.eval_shape(lambda: model.init_with_output(
+      jax.random.key(0), images, train=False)[0])
+  assert out.shape == ((2, 196, 1000) if 'unpooled' in name else (2, 1000))
+
+
+def test_lit_pp_reads_as_the_original():
+  model = models.get_model('LiT-B16B')
+  assert model.pp.max_len == model.pp['max_len'] == 16
+  assert model.pp.tokenizer_name == 'bert'
+  tokens = jnp.ones((2, model.pp.max_len), jnp.int32)
+  zimg, ztxt, _ = jax.eval_shape(lambda: model.init_with_output(
+      jax.random.key(0), images=jnp.ones((2, 224, 224, 3)),
+      tokens=tokens)[0])
+  assert zimg.shape == ztxt.shape == (2, 768)
+
+
+def test_models_import_no_data_stack():
+  code = ('import sys, vit_jax.models; print(sorted({m.split(".")[0] for m '
+          f'in sys.modules}} & set({DATA_STACK!r})))')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, check=True, timeout=300, cwd=ROOT)
+  assert result.stdout.strip() == '[]', result.stdout
