@@ -11,21 +11,40 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
+from flax.training import train_state
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 import numpy as np
+import optax
 import tensorflow as tf
 
 from vit_jax import input_pipeline
+from vit_jax import models
+from vit_jax import optim
 from vit_jax import sharding
-from vit_jax import train
 
 config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config.',
                                 lock_config=True)
 flags.DEFINE_integer('steps', 50, 'Timed steps.')
 flags.DEFINE_bool('pipeline', True, 'Also time the input pipeline.')
 FLAGS = flags.FLAGS
+
+
+def train_step(state, batch, loss):
+  """A training step as train.py's: dropout on, the config's loss."""
+  rng = jax.random.fold_in(jax.random.key(0), state.step)
+
+  def loss_fn(params):
+    logits = state.apply_fn({'params': params}, batch['image'], train=True,
+                            rngs={'dropout': rng})
+    if loss == 'sigmoid_xent':
+      return optax.sigmoid_binary_cross_entropy(logits, batch['label']).sum(
+          -1).mean()
+    return optax.softmax_cross_entropy(logits, batch['label']).mean()
+
+  value, grads = jax.value_and_grad(loss_fn)(state.params)
+  return state.apply_gradients(grads=grads), {'loss': value}
 
 
 def _time(fn, steps):
@@ -42,12 +61,14 @@ def main(_):
   config = FLAGS.config
   mesh = sharding.make_mesh(config.mesh)
   micro = config.batch // config.accum_steps
-  model = train.make_model(config, num_classes=10)
-  tx = train.make_optimizer(config)
+  model = models.model_class(config.model_name)(num_classes=10,
+                                                **config.model)
+  tx = optim.make_optimizer(config)
   shape = (micro, config.pp.crop, config.pp.crop, 3)
   params = model.init(jax.random.key(0), jnp.zeros((1,) + shape[1:]),
                       train=False)['params']
-  state = train.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  state = train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                       tx=tx)
   # As in training: every argument placed on the mesh (mixing placements
   # makes XLA copy the state every step).
   state = jax.device_put(state, sharding.tree_shardings(
@@ -57,8 +78,7 @@ def main(_):
                                    .astype(np.float32), data),
            'label': jax.device_put(np.eye(10, dtype=np.float32)[
                np.random.randint(0, 10, micro)], data)}
-  step = jax.jit(lambda s, b: train.train_step(s, b, rng=jax.random.key(0),
-                                               loss=config.loss),
+  step = jax.jit(lambda s, b: train_step(s, b, config.loss),
                  donate_argnums=0)
   holder = [state]
 

@@ -6,6 +6,7 @@ papers' equations, independent of `vit_jax`.
 """
 
 import jax
+import jax.extend
 import numpy as np
 
 
@@ -24,6 +25,16 @@ def random_params(module, *args, seed=0, scale=0.5, dtype=np.float32, **kw):
   rng = np.random.default_rng(seed)
   return jax.tree.unflatten(
       treedef, [rng.normal(0, scale, l.shape).astype(dtype) for l in leaves])
+
+
+def eqns(jaxpr):
+  """The equations of a (closed) jaxpr in program order, those of its
+  sub-jaxprs (jit, scan, remat, custom_vjp...) in place of their caller's."""
+  jaxpr = getattr(jaxpr, 'jaxpr', jaxpr)
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from eqns(sub)
 
 
 # Numpy references.

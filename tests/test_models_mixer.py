@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import eqns
 from helpers import layernorm
 from helpers import mlp
 from helpers import param_shapes
@@ -96,20 +97,13 @@ def test_forward_matches_reference():
 BF16_TOL = 4 * 2.**-7
 
 
-def _eqns(jaxpr):
-  """The equations of `jaxpr` and, recursively, of its sub-jaxprs."""
-  yield from jaxpr.eqns
-  for sub in jax.extend.core.subjaxprs(jaxpr):
-    yield from _eqns(sub)
-
-
 def _ops(model, x, primitive='dot_general'):
   """(operand dtypes, kernel shape) of each `primitive` eqn in the forward."""
   params = random_params(model, x, train=False)
   jaxpr = jax.make_jaxpr(
       lambda p, x: model.apply({'params': p}, x, train=False))(params, x)
   return [({v.aval.dtype.name for v in e.invars}, e.invars[1].aval.shape)
-          for e in _eqns(jaxpr.jaxpr) if e.primitive.name == primitive]
+          for e in eqns(jaxpr) if e.primitive.name == primitive]
 
 
 def test_bf16_params_stay_float32():

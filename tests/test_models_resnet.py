@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import eqns
 from helpers import param_shapes
 from helpers import random_params
 from vit_jax import models
@@ -177,13 +178,6 @@ BF16_MODULES = {
 }
 
 
-def _eqns(jaxpr):
-  """The equations of `jaxpr` and, recursively, of its sub-jaxprs."""
-  yield from jaxpr.eqns
-  for sub in jax.extend.core.subjaxprs(jaxpr):
-    yield from _eqns(sub)
-
-
 @pytest.mark.parametrize('name', sorted(BF16_MODULES))
 @pytest.mark.parametrize('dtype', [jnp.bfloat16, 'bfloat16'])
 def test_bf16_convs_in_bf16(name, dtype):
@@ -194,14 +188,14 @@ def test_bf16_convs_in_bf16(name, dtype):
   params = random_params(module, x)
   assert {p.dtype.name for p in jax.tree.leaves(params)} == {'float32'}
   jaxpr = jax.make_jaxpr(module.apply)({'params': params}, x)
-  eqns = list(_eqns(jaxpr.jaxpr))
+  found = list(eqns(jaxpr))
   dtypes = lambda e: {v.aval.dtype.name for v in e.invars}
-  convs = [dtypes(e) for e in eqns
+  convs = [dtypes(e) for e in found
            if e.primitive.name == 'conv_general_dilated']
   assert convs == [{'bfloat16'}] * num_convs
   # Weight standardization (sqrt of the variance) and GroupNorm statistics
   # (rsqrt) in float32; their means too.
-  stats = [dtypes(e) for e in eqns
+  stats = [dtypes(e) for e in found
            if e.primitive.name in ('reduce_sum', 'sqrt', 'rsqrt')]
   assert stats and all(d == {'float32'} for d in stats)
   assert jaxpr.out_avals[0].dtype == jnp.bfloat16

@@ -1,11 +1,11 @@
 """Pretraining at scale: bf16, fused attention, remat and scan of the ViT."""
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import eqns
 from helpers import random_params
 from vit_jax import checkpoint
 from vit_jax import models
@@ -27,18 +27,9 @@ def _images(shape=IMAGE, seed=0):
 
 def _dot_dtypes(fn, *args):
   """(lhs dtype, flops) of every dot_general in `fn`'s jaxpr, recursively."""
-  found = []
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == 'dot_general':
-        lhs, rhs = (v.aval for v in eqn.invars)
-        found.append((lhs.dtype, lhs.size * rhs.shape[-1]))
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        walk(sub)
-
-  walk(jax.make_jaxpr(fn)(*args).jaxpr)
-  return found
+  dots = [[v.aval for v in e.invars] for e in eqns(jax.make_jaxpr(fn)(*args))
+          if e.primitive.name == 'dot_general']
+  return [(lhs.dtype, lhs.size * rhs.shape[-1]) for lhs, rhs in dots]
 
 
 def test_bf16_params_stay_float32_and_logits_are_close():
