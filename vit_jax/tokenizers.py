@@ -14,9 +14,9 @@ Both run offline on the CPU: HuggingFace `tokenizers` (WordPiece) and
 import io
 from typing import Iterable, Sequence
 
+from etils import epath
 import numpy as np
 import sentencepiece as spm
-import tensorflow as tf
 from tokenizers import Tokenizer
 from tokenizers import models as tok_models
 from tokenizers import normalizers
@@ -26,11 +26,11 @@ TOKENIZERS = ('bert', 'sentencepiece')
 
 
 def _read(path, mode='r'):
-  """A local or remote (gs://...) file's content, through tf.io.gfile."""
-  if not tf.io.gfile.exists(path):
+  """A local or remote (gs://...) file's content, through etils.epath."""
+  path = epath.Path(path)
+  if not path.exists():
     raise FileNotFoundError(f'Vocabulary file not found: {path}')
-  with tf.io.gfile.GFile(path, mode) as f:
-    return f.read()
+  return path.read_bytes() if 'b' in mode else path.read_text()
 
 
 def _check_texts(texts) -> Sequence[str]:
@@ -117,6 +117,5 @@ def train_sentencepiece(texts: Iterable[str], path: str,
       sentence_iterator=iter(list(texts)), model_writer=model,
       vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
       hard_vocab_limit=False, minloglevel=2, num_threads=1)
-  with tf.io.gfile.GFile(path, 'wb') as f:
-    f.write(model.getvalue())
+  epath.Path(path).write_bytes(model.getvalue())
   return path
