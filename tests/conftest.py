@@ -14,6 +14,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import pytest
 
 from configs import common
+from vit_jax import input_pipeline
 
 
 def write_idx(path, array):
@@ -66,3 +67,17 @@ def make_tiny_config(fmnist_dirs):
   config.evals.test.every = 0
   config.checkpoint_every = 2
   return config
+
+
+def interrupt_at(monkeypatch, batch_index, action):
+  """Runs `action(batch)` when the training stream hands out batch
+  `batch_index` (a crash, a SIGTERM, a poisoned batch)."""
+  original = input_pipeline.train_iterator
+
+  def wrapped(*args, **kw):
+    for i, batch in enumerate(original(*args, **kw)):
+      if i == batch_index:
+        action(batch)
+      yield batch
+
+  monkeypatch.setattr(input_pipeline, 'train_iterator', wrapped)

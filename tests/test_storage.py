@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorflow as tf
 
+from conftest import interrupt_at
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import storage
@@ -60,19 +61,6 @@ def _copy_tree(src, dst):
       tf.io.gfile.copy(os.path.join(folder, name), os.path.join(target, name))
 
 
-def _preempt_at(monkeypatch, batch_index):
-  """SIGTERM to this process when the stream hands out batch `batch_index`."""
-  original = input_pipeline.train_iterator
-
-  def wrapped(*args, **kw):
-    for i, batch in enumerate(original(*args, **kw)):
-      if i == batch_index:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield batch
-
-  monkeypatch.setattr(input_pipeline, 'train_iterator', wrapped)
-
-
 def test_train_resume_export_fine_tune_in_a_bucket(bucket, tiny_config,
                                                    tmp_path, monkeypatch,
                                                    capsys):
@@ -84,7 +72,7 @@ def test_train_resume_export_fine_tune_in_a_bucket(bucket, tiny_config,
   config = tiny_config.copy_and_resolve_references()
   config.tfds_data_dir = f'{bucket}/tfds'
   with monkeypatch.context() as m:
-    _preempt_at(m, 3)
+    interrupt_at(m, 3, lambda batch: os.kill(os.getpid(), signal.SIGTERM))
     train.train_and_evaluate(config, f'{bucket}/run')
   assert 'Preempted: saved step' in capsys.readouterr().out
   assert not tf.io.gfile.exists(f'{bucket}/run/results.json')

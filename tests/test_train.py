@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import interrupt_at
 from conftest import make_tiny_config
 from vit_jax import inference_time
 from vit_jax import input_pipeline
@@ -20,19 +21,6 @@ from vit_jax import optim
 from vit_jax import sharding
 from vit_jax import train
 from vit_jax.tasks import classification
-
-
-def _interrupt_at(monkeypatch, batch_index, action):
-  """Runs `action()` when the training stream hands out batch `batch_index`."""
-  original = input_pipeline.train_iterator
-
-  def wrapped(*args, **kw):
-    for i, batch in enumerate(original(*args, **kw)):
-      if i == batch_index:
-        action(batch)
-      yield batch
-
-  monkeypatch.setattr(input_pipeline, 'train_iterator', wrapped)
 
 
 @pytest.fixture(scope='module')
@@ -148,7 +136,7 @@ def test_resume_after_crash_equals_uninterrupted(reference, tmp_path,
     del batch
     raise RuntimeError('simulated crash')
 
-  _interrupt_at(monkeypatch, 5, crash)
+  interrupt_at(monkeypatch, 5, crash)
   with pytest.raises(RuntimeError, match='simulated crash'):
     train.train_and_evaluate(config, str(tmp_path))
   monkeypatch.undo()
@@ -159,7 +147,7 @@ def test_resume_after_crash_equals_uninterrupted(reference, tmp_path,
 def test_sigterm_saves_then_resume_equals_uninterrupted(reference, tmp_path,
                                                         monkeypatch, capsys):
   config, _, expected = reference
-  _interrupt_at(monkeypatch, 2,
+  interrupt_at(monkeypatch, 2,
                 lambda batch: os.kill(os.getpid(), signal.SIGTERM))
   train.train_and_evaluate(config, str(tmp_path))
   assert 'Preempted: saved step 3' in capsys.readouterr().out
@@ -174,7 +162,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path,
   def poison(batch):
     batch['image'][:] = np.nan
 
-  _interrupt_at(monkeypatch, 4, poison)
+  interrupt_at(monkeypatch, 4, poison)
   with pytest.raises(FloatingPointError, match='last good checkpoint is '
                      'step 4'):
     train.train_and_evaluate(tiny_config, str(tmp_path))

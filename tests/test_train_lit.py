@@ -71,7 +71,7 @@ def test_steps_lower_the_loss_and_leave_the_image_tower(
     fmnist_dirs, image_npz, tmp_path, loss):
   config = _config(fmnist_dirs, image_npz, loss)
   config.base_lr = 3e-3
-  config.total_steps = 100  # the schedule's length; 10 steps are taken
+  config.total_steps = 100  # the schedule's length; 20 steps are taken
   task, state, batch = _state_and_batch(config, str(tmp_path))
   loaded = checkpoint.load(image_npz)
   del loaded['head']  # no image projection: the class token is the embedding
@@ -85,7 +85,7 @@ def test_steps_lower_the_loss_and_leave_the_image_tower(
 
   step = jax.jit(lambda s, b: task.train_step(s, b, rng=jax.random.key(0)))
   losses = []
-  for _ in range(10):
+  for _ in range(20):
     state, metrics = step(state, batch)
     losses.append(float(metrics['loss']))
   assert losses[-1] < losses[0] - 0.1, losses

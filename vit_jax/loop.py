@@ -284,7 +284,7 @@ def _finish(config, workdir, params, result, seconds, evaluators):
   export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
   write_results(config, workdir, result, step=config.total_steps,
                 seconds_since_start=seconds)
-  summary = ', '.join(e.summary(result) for e in evaluators[:1])
+  summary = ', '.join(e.summary(result) for e in evaluators if e.headline)
   print(f'Done: {config.total_steps} steps, {summary}, {seconds:.0f} s since '
         'start or resume.', flush=True)
 
@@ -296,7 +296,7 @@ def _writer(workdir):
 
 def _train(config, state, train_fn, batches, manager, evaluators, writer,
            start):
-  """The steps from `start` on: (state, last step, result, preempted)."""
+  """The steps from `start` on: (state, last step, last metrics)."""
   progress, result, step = Progress(config, writer, start), {}, start
   try:
     with Preemption(manager) as preemption:

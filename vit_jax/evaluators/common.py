@@ -18,7 +18,9 @@ from vit_jax import sharding
 
 class Evaluator:
   """The interface: `every`, `__call__(params) -> metrics`, `summary`,
-  `scalars`."""
+  `scalars`; `headline`: its summary ends the run's last line."""
+
+  headline = True
 
   def __init__(self, name, settings):
     self.name = name

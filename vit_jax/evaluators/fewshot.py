@@ -86,6 +86,8 @@ class Evaluator(common.Evaluator):
   compilation; each call streams both splits through the model.
   """
 
+  headline = False  # a line of its own
+
   def __init__(self, name, settings, *, config, model, mesh, **_):
     super().__init__(name, settings)
     shots = tuple(settings.shots)
