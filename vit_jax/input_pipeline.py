@@ -182,8 +182,8 @@ def read_encoded(builder, split):
 def _read_process_share(builder, split):
   """This process's share of `split` (for evaluation), images encoded."""
   if not isinstance(builder, tfds.ImageFolder):
-    return read_encoded(builder,
-                         tfds.split_for_jax_process(split, drop_remainder=False))
+    return read_encoded(
+        builder, tfds.split_for_jax_process(split, drop_remainder=False))
   ds = read_encoded(builder, split)
   nproc = jax.process_count()
   return ds.shard(nproc, jax.process_index()) if nproc > 1 else ds

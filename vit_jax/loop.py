@@ -8,6 +8,7 @@ the evaluators, `results.json` and the exported `.npz`. A task
 its optimizer labels, its step and its batches.
 """
 
+import contextlib
 import datetime
 import functools
 import signal
@@ -57,8 +58,8 @@ def validate_config(config, num_devices_data: int):
   if config.batch % config.accum_steps or micro % num_devices_data:
     raise ValueError(
         f'batch={config.batch} must split into accum_steps='
-        f'{config.accum_steps} micro-batches divisible by the {num_devices_data}'
-        ' devices on the mesh `data` axis.')
+        f'{config.accum_steps} micro-batches divisible by the '
+        f'{num_devices_data} devices on the mesh `data` axis.')
   if config.batch_eval % num_devices_data:
     raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
                      f'{num_devices_data} devices on the `data` axis.')
@@ -96,7 +97,8 @@ def _restore(manager, abstract, shardings):
   try:
     checkpoint.inspect_params(
         params=manager.item_metadata(step).tree['params'],
-        expected=abstract.params, source=f'The checkpoint in {manager.directory}')
+        expected=abstract.params,
+        source=f'The checkpoint in {manager.directory}')
   except checkpoint.CheckpointError as e:
     raise checkpoint.CheckpointError(
         f'{e}\nUse a fresh --workdir, or the config that wrote this one.'
@@ -145,38 +147,31 @@ def jit_train_step(task, config, mesh, shardings):
 # The loop's pieces.
 
 
-class Preemption:
-  """A SIGTERM to any process makes every process save the same step, then stop.
+@contextlib.contextmanager
+def preemption(manager):
+  """Yields `reached(step)`: whether to save and stop after `step`.
 
-  With several processes, Orbax asks JAX's preemption sync point, which
-  names a step all reach; alone, a SIGTERM handler sets a flag.
+  A SIGTERM to any process makes every process save the same step: with
+  several processes Orbax asks JAX's preemption sync point, which names a
+  step all reach; alone, a SIGTERM handler sets a flag.
   """
+  if jax.process_count() > 1:
+    yield manager.reached_preemption
+    return
+  requested = []
 
-  def __init__(self, manager):
-    self._manager, self._requested = manager, False
-    self._previous = None
-    self._synced = jax.process_count() > 1
-
-  def __enter__(self):
-    if (not self._synced and
-        threading.current_thread() is threading.main_thread()):
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    del signum, frame
+  def handle(signum, frame):
+    del frame
     logging.warning('SIGTERM: saving a checkpoint, then stopping.')
-    self._requested = True
+    requested.append(signum)
 
-  def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step`; called once per step."""
-    if self._synced:
-      return self._manager.reached_preemption(step)
-    return self._requested
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, handle) if main else None
+  try:
+    yield lambda step: bool(requested)
+  finally:
+    if main:
+      signal.signal(signal.SIGTERM, previous)
 
 
 class Progress(periodic_actions.ReportProgress):
@@ -299,13 +294,13 @@ def _train(config, state, train_fn, batches, manager, evaluators, writer,
   """The steps from `start` on: (state, last step, last metrics)."""
   progress, result, step = Progress(config, writer, start), {}, start
   try:
-    with Preemption(manager) as preemption:
+    with preemption(manager) as reached_preemption:
       for step in range(start + 1, config.total_steps + 1):
         for _ in range(config.accum_steps):
           state, metrics = train_fn(state, next(batches))
           progress.add(metrics)
         progress(step)
-        last, preempted = step == config.total_steps, preemption.reached(step)
+        last, preempted = step == config.total_steps, reached_preemption(step)
         save = last or preempted or manager.should_save(step)
         if save:
           progress.report_now(step)  # a NaN never reaches a checkpoint
