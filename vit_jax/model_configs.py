@@ -90,7 +90,7 @@ def _vit(name, hidden, mlp, heads, layers, patch, dropout, classifier):
           # locked preset (as is `posemb` below).
           'relative_max_distance': 8,
           'stochastic_depth': 0.0,
-          # Memory savers (README, "Pretraining at scale").
+          # Memory savers (docs/performance.md).
           'remat_policy': 'none',
           'scan': False,
       },

@@ -77,10 +77,11 @@ class Task:
 
   def checkpoint_model(self, path):
     """The model of the checkpoint at `path`: its head and pre-logits."""
-    sizes = checkpoint.model_config_for(checkpoint.load(path),
+    sizes = checkpoint.model_config_for(checkpoint.read_params(path),
                                         self.config.model)
-    return self.model.clone(num_classes=sizes['num_classes'],
-                            representation_size=sizes['representation_size'])
+    return self.model.clone(**{k: v for k, v in sizes.items()
+                               if k in ('num_classes', 'representation_size')
+                               and hasattr(self.model, k)})
 
   def checkpoint_params(self, path, model):
     """The parameters at `path` (an .npz or a workdir) for `model`, head
