@@ -17,6 +17,7 @@ from flax import traverse_util
 import jax
 import numpy as np
 
+from vit_jax import models
 from vit_jax import models_vit
 from vit_jax import posemb_resize
 # pylint: disable=unused-import
@@ -71,6 +72,23 @@ def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
       shape_of(params['pre_logits']['kernel'])[-1]
       if _has_pre_logits(params) else None)
   return config
+
+
+def load_model(model_config, path, size=None):
+  """(model, params, image side) of the checkpoint at `path`: the image
+  model of `model_config` with the file's head and `pre_logits`, at `size`
+  (default: the side its position table implies)."""
+  found = read_params(path)
+  config = model_config_for(found, model_config)
+  size = size or image_size(found, config)
+  cls = models.model_class(config.get('model_name') or '')
+  model = cls(**{k: v for k, v in config.items()
+                 if k in cls.__dataclass_fields__ and k != 'parent'})
+  expected = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
+      train=False))['params']
+  return model, load_params(path, init_params=expected,
+                            model_config=config), size
 
 
 def image_size(params: Mapping[str, Any], model_config) -> int:
@@ -263,27 +281,13 @@ def load_pretrained(*,
                     new_grid: Optional[Tuple[int, int]] = None,
                     old_grid: Optional[Tuple[int, int]] = None,
                     resize_method: str = 'bicubic') -> Params:
-  """Loads a checkpoint to fine-tune the model of `init_params`.
+  """Loads a checkpoint to fine-tune the model of `init_params`: the
+  original's name for `load_params(..., new_head=True)`, which see.
 
-  The head is the model's fresh one; `pre_logits` is dropped when
-  `model_config.representation_size` is None; the rest comes from the file.
   At a new resolution (Sec. 3.2 of the paper) 'learn' tables are resized in
-  2-D on the patch grid (the class entry kept) and 'learn2d' ones in 1-D; the
-  other schemes have nothing to resize, and a Mixer cannot change resolution.
-
-  Args:
-    pretrained_path: the .npz checkpoint.
-    init_params: the model's freshly initialized parameters.
-    model_config: with `classifier` ('token'), `representation_size` (None)
-      and `posemb` ('learn'), defaults in parentheses.
-    new_grid: (h, w) patch grid of the model if not square; see
-      `models_vit.token_grid`.
-    old_grid: (h, w) patch grid of the checkpoint, if not square.
-    resize_method: 'bicubic' or 'linear_zoom', see `resize_posemb_grid`.
-
-  Returns:
-    Parameters shaped like `init_params`; CheckpointError lists what does
-    not fit.
+  2-D on the patch grid (the class entry kept) and 'learn2d' ones in 1-D; a
+  Mixer cannot change resolution. `init_params` holds arrays: the fresh
+  head (and `pre_logits`, if the file has none) come from it.
   """
   return load_params(pretrained_path, init_params=init_params,
                      model_config=model_config, new_head=True,

@@ -41,17 +41,10 @@ image_size = checkpoint.image_size
 
 def load_classifier(model_name, path, size=None):
   """(model, params, image side) for the checkpoint at `path`."""
-  found = checkpoint.read_params(path)
-  config = checkpoint.model_config_for(found, models.MODEL_CONFIGS[model_name])
-  if config['num_classes'] is None:
+  model, params, size = checkpoint.load_model(
+      models.MODEL_CONFIGS[model_name], path, size)
+  if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')
-  size = size or image_size(found, config)
-  model = models.get_model(model_name, **config)
-  expected = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
-      train=False))['params']
-  params = checkpoint.load_params(path, init_params=expected,
-                                  model_config=config)
   return model, params, size
 
 

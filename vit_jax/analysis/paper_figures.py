@@ -8,12 +8,10 @@ import json
 import os
 
 from etils import epath
-import jax
 import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
-from vit_jax import models
 from vit_jax import models_vit
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
@@ -30,16 +28,7 @@ def load_model(model_config, path):
   """
   if model_config.get('resnet') is None and 'patches' not in model_config:
     raise ValueError('Not a ViT model config (no `patches`).')
-  found = checkpoint.read_params(path)
-  config = checkpoint.model_config_for(found, model_config)
-  size = checkpoint.image_size(found, config)
-  config.pop('model_name', None)
-  model = models.VisionTransformer(**config)
-  expected = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
-      train=False))['params']
-  return model, checkpoint.load_params(path, init_params=expected,
-                                       model_config=config), size
+  return checkpoint.load_model(model_config, path)
 
 
 def dataset_images(config, size, count):
