@@ -24,14 +24,17 @@ class Task:
   param_labels = None  # every parameter trains
 
   def __init__(self, config, workdir, mesh, *, training=True):
-    del workdir, training
+    del workdir
     if config.loss not in classification.LOSSES:
       raise ValueError(f'config.loss={config.loss!r}; expected one of '
                        f'{classification.LOSSES}.')
     self.config, self.mesh = config, mesh
-    self.info = input_pipeline.get_dataset_info(
-        input_pipeline.get_builder(config), config)
-    self.model = make_model(config, self.info.num_classes)
+    num_classes = None  # evaluating a file: its head (`checkpoint_model`)
+    if training or not loop.pretrained_path(config):
+      self.info = input_pipeline.get_dataset_info(
+          input_pipeline.get_builder(config), config)
+      num_classes = self.info.num_classes
+    self.model = make_model(config, num_classes)
     self.image_shape = (1, config.pp.crop, config.pp.crop, 3)
 
   def init_params(self, rng, model=None):
