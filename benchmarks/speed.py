@@ -88,7 +88,8 @@ def analytic_flops(name: str, size: int) -> float:
 
 
 def train_step(state, batch):
-  """A training step as train.py's: dropout on, softmax cross-entropy."""
+  """A training step as tasks/classification.py's: dropout on, softmax
+  cross-entropy."""
   rng = jax.random.fold_in(jax.random.key(0), state.step)
 
   def loss_fn(params):

@@ -32,7 +32,8 @@ FLAGS = flags.FLAGS
 
 
 def train_step(state, batch, loss):
-  """A training step as train.py's: dropout on, the config's loss."""
+  """A training step as tasks/classification.py's: dropout on, the config's
+  loss."""
   rng = jax.random.fold_in(jax.random.key(0), state.step)
 
   def loss_fn(params):

@@ -5,7 +5,7 @@ encoder block's submodules pre-Linen, across classes (`LayerNorm_0`,
 `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`): `load`
 converts with flax's `convert_pre_linen` and `save` writes the published
 names back. The hybrids' GroupNorm scale and bias are (1, 1, 1, C) in files,
-(C,) here. An Orbax workdir (`checkpoints/<step>/`, written by `train.py`)
+(C,) here. An Orbax workdir (`checkpoints/<step>/`, written by `loop.py`)
 holds a whole `TrainState`; `read_params` takes its parameters only. Errors a
 user can cause raise `FileNotFoundError` or `CheckpointError` with a short
 listing, before anything is compiled.
