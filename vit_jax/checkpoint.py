@@ -87,8 +87,8 @@ def load_model(model_config, path, size=None):
   expected = jax.eval_shape(lambda: model.init(
       jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
       train=False))['params']
-  return model, load_params(path, init_params=expected,
-                            model_config=config), size
+  return model, load_params(path, init_params=expected, model_config=config,
+                            found=found), size
 
 
 def image_size(params: Mapping[str, Any], model_config) -> int:
@@ -222,7 +222,8 @@ def load_params(path,
                 new_grid: Optional[Tuple[int, int]] = None,
                 old_grid: Optional[Tuple[int, int]] = None,
                 resize_method: str = 'bicubic',
-                resize_posemb: bool = True) -> Params:
+                resize_posemb: bool = True,
+                found: Optional[Params] = None) -> Params:
   """The parameters of the checkpoint at `path`, fitted to a model.
 
   Blocks are stacked as the model's; a LiT file given for an image model
@@ -243,6 +244,7 @@ def load_params(path,
     old_grid: (h, w) patch grid of the checkpoint, if not square.
     resize_method: 'bicubic' or 'linear_zoom', see `resize_posemb_grid`.
     resize_posemb: False to refuse position tables of another size.
+    found: `read_params(path)`, if the caller has read it already.
 
   Returns:
     Numpy parameters shaped like `init_params`. Raises FileNotFoundError,
@@ -259,7 +261,7 @@ def load_params(path,
     raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
                      f'position tables {sorted(tables)}: pass the config of '
                      'the model of init_params.')
-  params = read_params(path)
+  params = read_params(path) if found is None else found
   if 'img' not in init_params:
     params = _image_tower(params, path)
   params = scan_like(params, init_params)

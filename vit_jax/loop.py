@@ -329,7 +329,7 @@ def run(task, config, workdir):
   the final parameters."""
   mesh = task.mesh
   evaluators = registry.from_config(config, task=task, model=task.model,
-                                    mesh=mesh, training=True)
+                                    mesh=mesh)
   manager = make_manager(config, workdir, config.max_to_keep)
   state, shardings, start = create_state(task, config, mesh, manager)
   if start >= config.total_steps:
@@ -375,10 +375,9 @@ def evaluate(task, config, workdir, types=None):
     raise FileNotFoundError(
         'Nothing to evaluate: set pretrained_path or pretrained_dir, or give '
         f'a workdir with checkpoints ({workdir} has none).')
-  model = task.model if path is None else task.checkpoint_model(path)
+  model, params = task.checkpoint(path or workdir)
   evaluators = registry.from_config(config, task=task, model=model,
                                     mesh=task.mesh, types=types)
-  params = task.checkpoint_params(path or workdir, model)
   params = jax.device_put(params, sharding.tree_shardings(
       params, task.mesh, config.sharding_rules, config.sharding_strategy))
   source = path or f'the latest checkpoint in {workdir}'

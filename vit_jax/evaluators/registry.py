@@ -9,11 +9,11 @@ EVALUATORS = {'classification': classification.Evaluator,
               'zeroshot': zeroshot.Evaluator}
 
 
-def from_config(config, *, task, model, mesh, training=False, types=None):
+def from_config(config, *, task, model, mesh, types=None):
   """The evaluators of `config.evals`, checked and built, in order.
 
-  In training, those with an `every`; to evaluate a checkpoint, the same,
-  or all those of `types` (e.g. ('fewshot',)).
+  Those with an `every` (those training runs), or all those of `types`
+  (e.g. ('fewshot',)).
   """
   out = []
   for name, settings in config.evals.items():
@@ -21,9 +21,7 @@ def from_config(config, *, task, model, mesh, training=False, types=None):
     if kind not in EVALUATORS:
       raise ValueError(f'config.evals.{name}.type={kind!r}; expected one of '
                        f'{tuple(EVALUATORS)}.')
-    wanted = kind in types if types and not training else (
-        settings.get('every') is not None)
-    if wanted:
+    if (kind in types) if types else settings.get('every') is not None:
       out.append(EVALUATORS[kind](name, settings, config=config, task=task,
                                   model=model, mesh=mesh))
   if types and not out:

@@ -29,7 +29,7 @@ class Task:
       raise ValueError(f'config.loss={config.loss!r}; expected one of '
                        f'{classification.LOSSES}.')
     self.config, self.mesh = config, mesh
-    num_classes = None  # evaluating a file: its head (`checkpoint_model`)
+    num_classes = None  # evaluating a file: its head (`checkpoint`)
     if training or not loop.pretrained_path(config):
       self.info = input_pipeline.get_dataset_info(
           input_pipeline.get_builder(config), config)
@@ -78,23 +78,20 @@ class Task:
         self.info, self.config, batch_size=batch_size, rows=rows,
         start_step=start_step)
 
-  def checkpoint_model(self, path):
-    """The model of the checkpoint at `path`: its head and pre-logits."""
-    sizes = checkpoint.model_config_for(checkpoint.read_params(path),
-                                        self.config.model)
-    return self.model.clone(**{k: v for k, v in sizes.items()
-                               if k in ('num_classes', 'representation_size')
-                               and hasattr(self.model, k)})
-
-  def checkpoint_params(self, path, model):
-    """The parameters at `path` (an .npz or a workdir) for `model`, head
-    included, at the resolution they were trained at."""
+  def checkpoint(self, path):
+    """(model, params) of the checkpoint at `path` (an .npz or a workdir):
+    its head and pre-logits, at the resolution they were trained at."""
+    found = checkpoint.read_params(path)
+    sizes = checkpoint.model_config_for(found, self.config.model)
+    model = self.model.clone(**{k: v for k, v in sizes.items()
+                                if k in ('num_classes', 'representation_size')
+                                and hasattr(self.model, k)})
     abstract = jax.eval_shape(lambda: self.init_params(jax.random.key(0),
                                                        model))
     try:
-      return checkpoint.load_params(path, init_params=abstract,
-                                    model_config=self.config.model,
-                                    resize_posemb=False)
+      return model, checkpoint.load_params(
+          path, init_params=abstract, model_config=self.config.model,
+          resize_posemb=False, found=found)
     except checkpoint.CheckpointError as e:
       raise checkpoint.CheckpointError(
           f'{e}\nEvaluate with the model, number of classes and image size '

@@ -69,14 +69,18 @@ def get_tokenizer(config, workdir, fit=True):
   return tokenizer
 
 
+def _example_inputs(config):
+  """One image and one token sequence of the configured sizes."""
+  return {'images': jnp.zeros((1, config.pp.crop, config.pp.crop, 3)),
+          'tokens': jnp.zeros((1, config.model.pp.max_len), jnp.int32)}
+
+
 def abstract_params(config, model):
   """The model's parameter shapes; raises if the towers' embeddings differ
   in width (`out_dim`)."""
-  images = jnp.zeros((1, config.pp.crop, config.pp.crop, 3))
-  tokens = jnp.zeros((1, config.model.pp.max_len), jnp.int32)
   (zimg, ztxt, _), variables = jax.eval_shape(
-      lambda: model.init_with_output(jax.random.key(0), images=images,
-                                     tokens=tokens))
+      lambda: model.init_with_output(jax.random.key(0),
+                                     **_example_inputs(config)))
   if zimg.shape[-1] != ztxt.shape[-1]:
     raise ValueError(
         f'The image tower embeds in {zimg.shape[-1]} dimensions, the text '
@@ -106,11 +110,8 @@ class Task:
       caption_data.check_class_captions(config)
     self.tokenizer = get_tokenizer(config, workdir, fit=training)
 
-  def init_params(self, rng, model=None):
-    images = jnp.zeros((1, self.config.pp.crop, self.config.pp.crop, 3))
-    tokens = jnp.zeros((1, self.config.model.pp.max_len), jnp.int32)
-    return (model or self.model).init(rng, images=images,
-                                      tokens=tokens)['params']
+  def init_params(self, rng):
+    return self.model.init(rng, **_example_inputs(self.config))['params']
 
   def check_initial_files(self):
     full = loop.pretrained_path(self.config)
@@ -161,13 +162,9 @@ class Task:
                                        batch_size=batch_size, rows=rows,
                                        start_step=start_step)
 
-  def checkpoint_model(self, path):
-    del path
-    return self.model
-
-  def checkpoint_params(self, path, model):
-    del model
-    return checkpoint.load_params(path,
-                                  init_params=abstract_params(self.config,
-                                                              self.model),
-                                  model_config={})
+  def checkpoint(self, path):
+    """(model, params) of the LiT checkpoint at `path` (an .npz or a
+    workdir)."""
+    return self.model, checkpoint.load_params(
+        path, init_params=abstract_params(self.config, self.model),
+        model_config={})
