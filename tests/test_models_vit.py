@@ -1,11 +1,14 @@
 """ViT presets, shapes, errors, and numerics against a numpy reference."""
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import gelu
 from helpers import layernorm
 from helpers import mlp
 from helpers import param_shapes
@@ -139,6 +142,26 @@ def test_encoder_block_matches_reference():
   out = block.apply({'params': params}, jnp.asarray(x, jnp.float32),
                     deterministic=True)
   np.testing.assert_allclose(out, _block(x, params), rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize('approximate', [True, False])
+def test_mlp_gelu_matches_reference(approximate):
+  """tanh GELU (Google's checkpoints) or the exact erf one (timm's)."""
+  block = models_vit.MlpBlock(mlp_dim=12, gelu_approximate=approximate)
+  x = np.random.default_rng(4).normal(scale=2., size=(2, 5, 9))
+  params = random_params(block, jnp.asarray(x), deterministic=True, seed=5,
+                         dtype=np.float64)
+  out = block.apply({'params': params}, jnp.asarray(x, jnp.float32),
+                    deterministic=True)
+  h = x @ params['Dense_0']['kernel'] + params['Dense_0']['bias']
+  erf = np.vectorize(math.erf)
+  h = gelu(h) if approximate else 0.5 * h * (1 + erf(h / np.sqrt(2)))
+  want = h @ params['Dense_1']['kernel'] + params['Dense_1']['bias']
+  np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+  # The two differ by more than the tolerance: the test can tell them apart.
+  other = models_vit.MlpBlock(mlp_dim=12, gelu_approximate=not approximate)
+  assert np.abs(other.apply({'params': params}, jnp.asarray(x, jnp.float32),
+                            deterministic=True) - out).max() > 1e-4
 
 
 @pytest.mark.parametrize('classifier,size', [('token', (32, 48)),

@@ -301,11 +301,14 @@ class MlpBlock(nn.Module):
     mlp_dim: hidden width.
     out_dim: output width (default: the input width).
     dropout_rate: dropout after each Dense.
+    gelu_approximate: flax's tanh GELU (Google's checkpoints); False: the
+      exact erf GELU (timm's and PyTorch's).
     dtype: of the computation (parameters stay float32).
   """
   mlp_dim: int
   out_dim: Optional[int] = None
   dropout_rate: float = 0.1
+  gelu_approximate: bool = True
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
   dtype: Any = jnp.float32
@@ -315,7 +318,7 @@ class MlpBlock(nn.Module):
     out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim
     x = nn.Dense(self.mlp_dim, kernel_init=self.kernel_init,
                  bias_init=self.bias_init, dtype=self.dtype)(inputs)
-    x = nn.gelu(x)
+    x = nn.gelu(x, approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = nn.Dense(out_dim, kernel_init=self.kernel_init,
                  bias_init=self.bias_init, dtype=self.dtype)(x)
@@ -334,6 +337,7 @@ class Encoder1DBlock(nn.Module):
       (`RelativePositionBias`) with this clip distance to the attention
       logits; then the call needs `grid`.
     drop_path_rate: stochastic depth rate of both residual branches.
+    gelu_approximate: see `MlpBlock`.
     dtype: of the computation (parameters stay float32).
     scanned: return (output, None), as the body of `nn.scan`.
   """
@@ -343,6 +347,7 @@ class Encoder1DBlock(nn.Module):
   attention_dropout_rate: float = 0.1
   relative_max_distance: Optional[int] = None
   drop_path_rate: float = 0.
+  gelu_approximate: bool = True
   dtype: Any = jnp.float32
   scanned: bool = False
 
@@ -379,6 +384,7 @@ class Encoder1DBlock(nn.Module):
 
     y = nn.LayerNorm(dtype=self.dtype)(x)
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+                 gelu_approximate=self.gelu_approximate,
                  dtype=self.dtype)(y, deterministic=deterministic)
     y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
     return (x + y, None) if self.scanned else x + y
@@ -404,6 +410,8 @@ class Encoder(nn.Module):
     scan: run the blocks under `nn.scan`, their parameters stacked under
       `encoderblock` (compile time independent of depth); `checkpoint`
       reads and writes them in the published per-block names.
+    gelu_approximate: True: tanh GELU (Google's checkpoints); False: exact
+      erf GELU (timm's DeiT, MAE, DINOv2 and converted timm models).
     dtype: of the computation (parameters stay float32).
   """
   num_layers: int
@@ -417,6 +425,7 @@ class Encoder(nn.Module):
   stochastic_depth: float = 0.
   remat_policy: str = 'none'
   scan: bool = False
+  gelu_approximate: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -459,7 +468,7 @@ class Encoder(nn.Module):
                     dropout_rate=self.dropout_rate,
                     attention_dropout_rate=self.attention_dropout_rate,
                     relative_max_distance=relative_max_distance,
-                    dtype=self.dtype)
+                    gelu_approximate=self.gelu_approximate, dtype=self.dtype)
     if self.scan:
       if self.stochastic_depth:
         raise ValueError('transformer.scan runs all blocks alike: it cannot '
@@ -484,10 +493,12 @@ class MAPHead(nn.Module):
   Attributes:
     num_heads: attention heads.
     mlp_dim: hidden width of the MLP after the attention (default 4 D).
+    gelu_approximate: see `MlpBlock`.
     dtype: of the computation (parameters stay float32).
   """
   num_heads: int
   mlp_dim: Optional[int] = None
+  gelu_approximate: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -500,6 +511,7 @@ class MAPHead(nn.Module):
         attention_fn=attention, dtype=self.dtype)(probe, x)
     y = nn.LayerNorm(dtype=self.dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.,
+                     gelu_approximate=self.gelu_approximate,
                      dtype=self.dtype)(y, deterministic=True)
     return x[:, 0]
 
@@ -584,7 +596,10 @@ class VisionTransformer(nn.Module):
       x = jnp.mean(x, axis=1)
     elif self.classifier == 'map':
       x = MAPHead(num_heads=self.transformer['num_heads'],
-                  mlp_dim=self.transformer['mlp_dim'], dtype=dtype)(x)
+                  mlp_dim=self.transformer['mlp_dim'],
+                  gelu_approximate=self.transformer.get('gelu_approximate',
+                                                        True),
+                  dtype=dtype)(x)
 
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',
