@@ -5,27 +5,9 @@ release exactly: published checkpoints load with no renaming. The hybrid
 models put the ResNet's `conv_root`, `gn_root` and `block{i}` at the top
 level, before `embedding`, as the published R+ViT checkpoints do.
 
-Position embeddings (`VisionTransformer.posemb`, the paper's Appendix D.4),
-and what a change of resolution at fine-tuning needs for each:
-
-  'learn': a learned 1-D table `Transformer/posembed_input/pos_embedding`,
-    (1, tokens, D), the class token's entry first. Its patch part is a grid:
-    the checkpoint code resizes it in 2-D (bicubic), keeping the class entry.
-  'learn2d': learned row and column tables, `pos_embedding_row` (1, h, D/2)
-    and `pos_embedding_col` (1, w, D/2) under `Transformer/posembed_input`;
-    patch (i, j) gets [row_i, col_j]. The class token gets none: its own
-    `cls` parameter is already learned. At a new resolution each table is
-    resized on its own, in 1-D along axis 1.
-  'relative': no additive embedding. Each block learns
-    `posembed_relative/rel_embedding`, (2K+1, 2K+1, heads, D/heads), one
-    embedding per (row, column) offset, query minus key patch, each clipped
-    to K = `transformer.relative_max_distance`. The (scaled) query attends
-    to these as keys; the logits bias the content logits before the softmax.
-    Pairs with the class token get zero bias. The tables do not depend on the
-    resolution: nothing to resize, as long as K stays the same.
-  'sincos2d': fixed 2-D sine-cosine embeddings, no parameters, recomputed for
-    the actual grid; the class token gets none.
-  'none': nothing is added; nothing to resize.
+Position embeddings (`posemb`, the paper's Appendix D.4) and what each
+needs at a new resolution: docs/position_embeddings.md. `dtype` is the
+computation's everywhere; parameters stay float32.
 """
 
 import functools
@@ -58,11 +40,7 @@ class IdentityLayer(nn.Module):
 
 
 class AddPositionEmbs(nn.Module):
-  """Adds a learned 1-D position embedding to the token sequence.
-
-  Attributes:
-    posemb_init: initializer of the (1, tokens, width) table.
-  """
+  """Adds a learned (1, tokens, width) position embedding to the tokens."""
   posemb_init: Callable = nn.initializers.normal(stddev=0.02)
 
   @nn.compact
@@ -80,9 +58,6 @@ class AddPositionEmbs2D(nn.Module):
 
   Patch (i, j) gets [row_i, col_j], each half of the width; the leading
   (class) tokens get nothing.
-
-  Attributes:
-    posemb_init: initializer of the (1, h, D/2) and (1, w, D/2) tables.
   """
   posemb_init: Callable = nn.initializers.normal(stddev=0.02)
 
@@ -121,17 +96,9 @@ def _posemb_table(module, name, shape, fix):
 def posemb_sincos_2d(h, w, width, temperature=10_000., dtype=jnp.float32):
   """Fixed 2-D sine-cosine position embeddings, as big_vision's.
 
-  Args:
-    h: rows of the patch grid.
-    w: columns of the patch grid.
-    width: embedding width D, a multiple of 4.
-    temperature: the longest wavelength is 2 pi `temperature`.
-    dtype: of the result.
-
-  Returns:
-    (1, h * w, width): row-major over the grid, each patch's embedding is
-    [sin(x w_k), cos(x w_k), sin(y w_k), cos(y w_k)] with x the column, y the
-    row and w_k = temperature ** (-k / (D/4 - 1)), k = 0 .. D/4 - 1.
+  (1, h * w, width), row-major over the (h, w) grid: patch (y, x) gets
+  [sin(x w_k), cos(x w_k), sin(y w_k), cos(y w_k)], w_k = temperature **
+  (-k / (width/4 - 1)), k = 0 .. width/4 - 1; `width` is a multiple of 4.
   """
   if width % 4:
     raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, "
@@ -153,13 +120,8 @@ def _pad_prefix(pe, prefix):
 def relative_offset_index(grid, max_distance):
   """Index of the clipped (row, column) offset query - key, for all pairs.
 
-  Args:
-    grid: (h, w) of the patch grid; patches are numbered row-major.
-    max_distance: offsets are clipped to [-max_distance, max_distance].
-
-  Returns:
-    (h*w, h*w) ints in [0, (2 max_distance + 1)**2), indexing the offset
-    table flattened over its (row offset, column offset) axes.
+  (h*w, h*w) ints, patches row-major on `grid` (h, w), into the offset table
+  flattened over its (row, column) offsets in [-max_distance, max_distance].
   """
   h, w = grid
   rows, cols = np.divmod(np.arange(h * w), w)
@@ -179,20 +141,15 @@ class RelativePositionBias(nn.Module):
   Attributes:
     max_distance: offsets are clipped to this distance in rows and columns;
       it fixes the table's size, whatever the resolution.
-    embedding_init: initializer of the offset table.
   """
   max_distance: int
   embedding_init: Callable = nn.initializers.normal(stddev=0.02)
 
   @nn.compact
   def __call__(self, query, grid):
-    """Returns the (batch, heads, tokens, tokens) bias for `query`.
-
-    Args:
-      query: (batch, tokens, heads, depth) projected queries, scaled as for
-        the content logits; the leading (class) tokens come first.
-      grid: (h, w) of the patch grid.
-    """
+    """The (batch, heads, tokens, tokens) bias for `query`: (batch, tokens,
+    heads, depth) queries scaled as for the content logits, (class) tokens
+    first, then the patches of `grid` (h, w)."""
     _, tokens, heads, depth = query.shape
     span = 2 * self.max_distance + 1
     table = self.param('rel_embedding', self.embedding_init,
@@ -208,33 +165,19 @@ class RelativePositionBias(nn.Module):
     return jnp.pad(bias, ((0, 0), (0, 0), (prefix, 0), (prefix, 0)))
 
 
-def _biased_attention(query, key, value, mask=None, dropout_rng=None,
-                      dropout_rate=0., broadcast_dropout=True,
-                      deterministic=False, dtype=None, precision=None,
-                      module=None, *, bias_fn):
-  """nn.dot_product_attention plus a bias computed from the scaled query.
-
-  The arguments are spelled out because MultiHeadDotProductAttention passes
-  an `attention_fn` only those its signature names.
-  """
-  bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
-  return attention(
-      query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
-      dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
-      deterministic=deterministic, dtype=dtype, precision=precision,
-      module=module)
-
-
 def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
               dropout_rng=None, dropout_rate=0., deterministic=False,
-              dtype=None, precision=None, module=None):
+              dtype=None, precision=None, module=None, bias_fn=None):
   """Flax's `attention_fn` on `jax.nn.dot_product_attention`.
 
   XLA fuses it, and on NVIDIA GPUs in half precision cuDNN's flash kernel
   runs it; logits and softmax are float32 either way. Flax's own function
   serves what the fused one lacks: dropout on the attention weights, and
   recording them (flax passes `module` when the weights are sown).
+  `bias_fn(scaled query)`, if given, adds a bias to the logits.
   """
+  if bias_fn is not None:
+    bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
   if module is not None or (dropout_rate > 0. and not deterministic):
     return nn.dot_product_attention(
         query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
@@ -298,12 +241,9 @@ class MlpBlock(nn.Module):
   """Transformer MLP: Dense, GELU, dropout, Dense, dropout.
 
   Attributes:
-    mlp_dim: hidden width.
     out_dim: output width (default: the input width).
-    dropout_rate: dropout after each Dense.
     gelu_approximate: flax's tanh GELU (Google's checkpoints); False: the
       exact erf GELU (timm's and PyTorch's).
-    dtype: of the computation (parameters stay float32).
   """
   mlp_dim: int
   out_dim: Optional[int] = None
@@ -329,8 +269,6 @@ class Encoder1DBlock(nn.Module):
   """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
   Attributes:
-    mlp_dim: MLP hidden width.
-    num_heads: attention heads.
     dropout_rate: dropout after attention and in the MLP.
     attention_dropout_rate: dropout on the attention weights.
     relative_max_distance: if set, add a learned relative position bias
@@ -338,7 +276,6 @@ class Encoder1DBlock(nn.Module):
       logits; then the call needs `grid`.
     drop_path_rate: stochastic depth rate of both residual branches.
     gelu_approximate: see `MlpBlock`.
-    dtype: of the computation (parameters stay float32).
     scanned: return (output, None), as the body of `nn.scan`.
   """
   mlp_dim: int
@@ -365,8 +302,7 @@ class Encoder1DBlock(nn.Module):
       relative_bias = RelativePositionBias(self.relative_max_distance,
                                            name='posembed_relative')
       attention_fn = functools.partial(
-          _biased_attention,
-          bias_fn=functools.partial(relative_bias, grid=grid))
+          attention, bias_fn=functools.partial(relative_bias, grid=grid))
 
     x = nn.LayerNorm(dtype=self.dtype)(inputs)
     x = nn.MultiHeadDotProductAttention(
@@ -394,14 +330,9 @@ class Encoder(nn.Module):
   """Position embedding, `num_layers` encoder blocks, final LayerNorm.
 
   Attributes:
-    num_layers: number of blocks.
-    mlp_dim: MLP hidden width.
-    num_heads: attention heads.
-    dropout_rate: dropout rate.
-    attention_dropout_rate: dropout on the attention weights.
     add_position_embedding: use position information at all; False is
       posemb='none' without the dropout on the input (as the original).
-    posemb: one of POSEMBS (see the module docstring).
+    posemb: one of POSEMBS (docs/position_embeddings.md).
     relative_max_distance: clip distance of posemb='relative'.
     stochastic_depth: drop path rate of the last block; block i of L uses
       stochastic_depth * i / (L - 1).
@@ -412,7 +343,6 @@ class Encoder(nn.Module):
       reads and writes them in the published per-block names.
     gelu_approximate: True: tanh GELU (Google's checkpoints); False: exact
       erf GELU (timm's DeiT, MAE, DINOv2 and converted timm models).
-    dtype: of the computation (parameters stay float32).
   """
   num_layers: int
   mlp_dim: int
@@ -491,10 +421,8 @@ class MAPHead(nn.Module):
   """Multi-head attention pooling: a learned probe attends over the tokens.
 
   Attributes:
-    num_heads: attention heads.
     mlp_dim: hidden width of the MLP after the attention (default 4 D).
     gelu_approximate: see `MlpBlock`.
-    dtype: of the computation (parameters stay float32).
   """
   num_heads: int
   mlp_dim: Optional[int] = None
@@ -544,8 +472,7 @@ class VisionTransformer(nn.Module):
     classifier: 'token' (class token), 'gap' (mean of tokens), 'map'
       (attention pooling, `MAPHead`), 'unpooled' (all tokens, no class
       token) or 'token_unpooled' (all tokens).
-    posemb: position embedding scheme, one of POSEMBS (see the module
-      docstring); passed to the Encoder.
+    posemb: position embedding scheme, one of POSEMBS; see `Encoder`.
     head_bias_init: initial bias of the zero-initialized head.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
       stay float32; LayerNorm statistics, softmax and logits are float32.
@@ -651,16 +578,8 @@ def resnet_stride(resnet) -> int:
 
 
 def token_grid(model_config, image_size) -> Tuple[int, int]:
-  """The (h, w) grid of patch tokens that a ViT or hybrid makes of an image.
-
-  Computed from the config alone, without tracing the model.
-
-  Args:
-    model_config: dict or ConfigDict with `patches.size` and, for hybrids,
-      `resnet.num_layers`.
-    image_size: (height, width) of an image the model accepts: its sides (a
-      hybrid's feature map's) are multiples of the patch's.
-  """
+  """The (h, w) grid of patch tokens that a ViT or hybrid makes of an image
+  of `image_size` (height, width), from its config alone (no tracing)."""
   stride = resnet_stride(model_config.get('resnet'))
   ph, pw = patch_size(model_config['patches'])
   # The ResNet pads ('SAME'), so each of its strides rounds up.
