@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
+from vit_jax.analysis import figures
 from vit_jax.analysis import paper_figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,15 +220,71 @@ def test_analyze_and_write(tmp_path):
   assert results['filters'].shape == (10, 16, 16, 3)
 
 
+def test_distance_plot_shows_every_dot_whole():
+  # Close values, as in practice: autoscaling's 5% margins of their
+  # range are then too thin for the dots.
+  distance = np.array([[13.1, 13.4], [13.3, 12.9], [13.2, 13.0]])
+  for uniform in (13.2, 13.5):
+    fig = figures.attention_distance(distance, uniform)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    # A dot's radius in pixels: its area is in points^2.
+    radius = np.sqrt(figures.MARKER_AREA) / 2 * fig.dpi / 72
+    box = ax.get_window_extent()
+    layers = np.repeat(np.arange(1, 4), 2)
+    dots = ax.transData.transform(np.stack([layers, distance.ravel()], 1))
+    assert np.all(dots[:, 1] + radius <= box.y1)
+    assert np.all(dots[:, 1] - radius >= box.y0)
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > uniform
+    assert [t.get_text() for t in ax.get_xticklabels()] == ['1', '2', '3']
+    plt.close(fig)
+
+
+def test_rollout_figure_shows_each_map_alone():
+  images = np.ones((2, 4, 4, 3))  # white: an overlay alone would wash out
+  maps = np.random.default_rng(0).uniform(size=(2, 4, 4))
+  fig = figures.rollout(images, maps)
+  assert len(fig.axes) == 6  # input, map, overlay for each image
+  for k in range(2):
+    shown = fig.axes[2 + k].get_images()  # the second row
+    np.testing.assert_array_equal(shown[0].get_array(), maps[k])
+    under = fig.axes[4 + k].get_images()[0].get_array()
+    assert np.max(under) < 1  # the image is darkened under the overlay
+  plt.close(fig)
+
+
+def test_similarity_matrix_has_a_colorbar():
+  fig = figures.similarity_matrix(np.eye(3)[:2], ['a', 'b', 'c'], ['a', 'b'])
+  labels = [ax.get_label() for ax in fig.axes]
+  assert labels.count('<colorbar>') == 1 and len(labels) == 2
+  plt.close(fig)
+
+
+def test_figures_module_keeps_the_callers_backend():
+  # A notebook's inline backend must survive the import; 'svg' stands in.
+  code = ('import matplotlib; matplotlib.use("svg"); '
+          'from vit_jax.analysis import figures; '
+          'print(matplotlib.get_backend())')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                       check=True)
+  assert out.stdout.strip() == 'svg'
+
+
 def test_command_line(tmp_path):
   model, params, _ = _testing_model()
   checkpoint.save(params, tmp_path / 'testing.npz')
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  # A backend that cannot load: the command must choose its own (Agg).
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu',
+             MPLBACKEND='module://no_such_backend')
   out = subprocess.run(
       [sys.executable, '-m', 'vit_jax.analysis', '--model_name=testing',
        f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}',
        '--num_images=3'], capture_output=True, text=True, env=env, check=True)
   assert '3 Gaussian noise images' in out.stdout
+  # Layers from 1, as in the figure; the testing model has one.
+  assert 'layer 1: mean attention distance' in out.stdout
+  assert 'layer 0' not in out.stdout and 'layer 2' not in out.stdout
   with open(tmp_path / 'analysis.json') as f:
     summary = json.load(f)
   assert summary['patch_pixels'] == [16, 16]

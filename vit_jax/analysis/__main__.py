@@ -12,17 +12,24 @@ images of the config's dataset, or, with a preset alone, Gaussian noise;
 """
 
 import os
-import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top
+import matplotlib
+
+# Files only, with or without a display: the command, not the figures
+# module, chooses (a notebook keeps its inline backend).
+matplotlib.use('Agg')
+
+from absl import app
 from absl import flags
 from absl import logging
 import numpy as np
 from ml_collections import config_flags
 import tensorflow as tf
 
+from vit_jax import cli
 from vit_jax import models
 from vit_jax import predict
 from vit_jax.analysis import paper_figures
@@ -47,8 +54,8 @@ def model_config():
   if FLAGS.config is not None:
     return FLAGS.config.model
   if FLAGS.model_name not in models.MODEL_CONFIGS:
-    raise app.UsageError(f'Unknown model {FLAGS.model_name!r}; known: '
-                         f'{sorted(models.MODEL_CONFIGS)}.')
+    raise ValueError(cli.closest(FLAGS.model_name, models.MODEL_CONFIGS,
+                                 'model'))
   return models.MODEL_CONFIGS[FLAGS.model_name]
 
 
@@ -83,7 +90,7 @@ def main(argv):
   paths = paper_figures.write(results, FLAGS.out, {
       'checkpoint': FLAGS.checkpoint, 'attention_inputs': note})
   distance = results['mean_attention_distance']
-  for layer, heads in enumerate(distance):
+  for layer, heads in enumerate(distance, start=1):  # as in the figure
     print(f'layer {layer}: mean attention distance (px) ' +
           ' '.join(f'{d:.1f}' for d in heads))
   print('Wrote ' + ', '.join(paths + [os.path.join(FLAGS.out,
@@ -92,4 +99,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  sys.exit(app.run(main))
+  cli.run(main)

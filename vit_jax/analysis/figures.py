@@ -1,13 +1,15 @@
-"""The paper's Figure 6 and 7 panels, drawn with matplotlib (Agg)."""
+"""The paper's Figure 6 and 7 panels, and LiT's similarity matrix.
+
+Each function returns a matplotlib figure. The backend is the caller's: a
+notebook's inline one shows them, the command line picks Agg for files.
+"""
 
 from etils import epath
-import matplotlib
-
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import matplotlib.pyplot as plt
 import numpy as np
 
 DPI = 90
+MARKER_AREA = 14  # points^2, of the attention-distance dots
 
 
 def _to_rgb(images):
@@ -26,14 +28,16 @@ def attention_distance(distance, uniform=None, title=''):
   fig, ax = plt.subplots(figsize=(4, 3.2), dpi=DPI)
   layers, heads = distance.shape
   for h in range(heads):
-    ax.scatter(np.arange(1, layers + 1), distance[:, h], s=14,
-               label=f'head {h}' if heads <= 8 else None)
+    ax.scatter(np.arange(1, layers + 1), distance[:, h], s=MARKER_AREA,
+               label=f'head {h + 1}' if heads <= 8 else None)
   if uniform is not None:
     ax.axhline(uniform, color='gray', ls='--', lw=1, label='uniform')
   ax.set_xlabel('network depth (layer)')
   ax.set_ylabel('mean attention distance (pixels)')
   ax.set_xticks(np.arange(1, layers + 1))
-  ax.set_ylim(bottom=0)
+  # From 0, with room above the highest dot (or line) for its whole marker.
+  top = max(np.max(distance), uniform or 0)
+  ax.set_ylim(0, 1.08 * top if top > 0 else 1)
   ax.set_title(title, fontsize=9)
   ax.legend(fontsize=6, loc='lower right')
   fig.tight_layout()
@@ -83,19 +87,37 @@ def filters(components, variance):
 
 
 def rollout(images, maps):
-  """Fig. 6: the images, then the rollout maps overlaid on them."""
+  """Fig. 6: the images; their rollout maps alone; the maps over the images.
+
+  The map alone reads on any image; the overlay darkens the image first so
+  that the colours stand out on white backgrounds too.
+  """
   n = len(images)
-  fig, axes = plt.subplots(2, n, figsize=(1.1 * n, 2.3), dpi=DPI,
+  fig, axes = plt.subplots(3, n, figsize=(1.1 * n, 3.4), dpi=DPI,
                            squeeze=False)
   for k, (image, heat) in enumerate(zip(_to_rgb(images), maps)):
     axes[0, k].imshow(image)
-    axes[1, k].imshow(image)
-    # A colour overlay, not the paper's masking: dark images stay readable.
-    axes[1, k].imshow(heat, cmap='inferno', alpha=0.6, vmin=0, vmax=1)
-    axes[0, k].axis('off')
-    axes[1, k].axis('off')
-  axes[0, 0].set_title('input', fontsize=7, loc='left')
-  axes[1, 0].set_title('attention rollout', fontsize=7, loc='left')
+    axes[1, k].imshow(heat, cmap='inferno', vmin=0, vmax=1)
+    axes[2, k].imshow(0.4 * image)
+    axes[2, k].imshow(heat, cmap='inferno', alpha=0.6, vmin=0, vmax=1)
+    for ax in axes[:, k]:
+      ax.axis('off')
+  for ax, title in zip(axes[:, 0], ('input', 'attention rollout',
+                                    'rollout over the input')):
+    ax.set_title(title, fontsize=7, loc='left')
+  fig.tight_layout()
+  return fig
+
+
+def similarity_matrix(similarity, texts, image_labels):
+  """LiT: the cosine similarity of each image (row) with each text."""
+  fig, ax = plt.subplots(figsize=(6, 5), dpi=DPI)
+  image = ax.imshow(similarity, cmap='viridis')
+  ax.set_xticks(range(len(texts)), texts, rotation=90)
+  ax.set_yticks(range(len(image_labels)), image_labels)
+  ax.set_xlabel('texts')
+  ax.set_ylabel('images (true class)')
+  fig.colorbar(image, ax=ax, label='cosine similarity')
   fig.tight_layout()
   return fig
 
