@@ -4,8 +4,9 @@ Module names follow the original release, so its checkpoints load with no
 renaming. The token-mixing MLP's width is the number of patches: unlike
 ViT's position embedding it cannot be resized for another resolution.
 
-`dtype` is the computation dtype (e.g. bfloat16): parameters stay float32,
-LayerNorm statistics are float32 (flax's), and the head computes in float32.
+`dtype` is the computation dtype (a dtype or its name, e.g. 'bfloat16'):
+parameters stay float32, LayerNorm statistics are float32 (flax's), and the
+head computes in float32 (without a head, the output is in `dtype`).
 """
 
 from typing import Any, Optional
@@ -17,12 +18,7 @@ from vit_jax import models_vit
 
 
 class MlpBlock(nn.Module):
-  """Dense, GELU, Dense back to the input width.
-
-  Attributes:
-    mlp_dim: hidden width.
-    dtype: computation dtype (a dtype or its name); parameters stay float32.
-  """
+  """Dense to `mlp_dim`, GELU, Dense back to the input width."""
   mlp_dim: int
   dtype: Any = jnp.float32
 
@@ -34,13 +30,7 @@ class MlpBlock(nn.Module):
 
 
 class MixerBlock(nn.Module):
-  """Token mixing (across patches), then channel mixing, both pre-LN residual.
-
-  Attributes:
-    tokens_mlp_dim: hidden width of the token-mixing MLP.
-    channels_mlp_dim: hidden width of the channel-mixing MLP.
-    dtype: computation dtype (a dtype or its name); parameters stay float32.
-  """
+  """Token mixing across patches, then channel mixing, both pre-LN residual."""
   tokens_mlp_dim: int
   channels_mlp_dim: int
   dtype: Any = jnp.float32
@@ -63,14 +53,8 @@ class MlpMixer(nn.Module):
   Attributes:
     patches: ConfigDict with `size`, the (height, width) of a patch.
     num_classes: head size; 0 or None for no head.
-    num_blocks: number of Mixer blocks.
     hidden_dim: patch embedding width.
-    tokens_mlp_dim: hidden width of the token-mixing MLPs.
-    channels_mlp_dim: hidden width of the channel-mixing MLPs.
     model_name: preset name, for reference only.
-    dtype: computation dtype (a dtype or its name, e.g. 'bfloat16'), except
-      the head's: logits are float32 (with no head, the output is in
-      `dtype`). Parameters stay float32.
   """
   patches: Any
   num_classes: Optional[int]

@@ -5,7 +5,8 @@ and followed by GroupNorm instead of BatchNorm, so nothing depends on the
 batch. Module names match the original, so the published hybrid checkpoints
 load with no renaming.
 
-`dtype` is the computation dtype (e.g. bfloat16); parameters stay float32.
+`dtype` is the computation dtype (a dtype or its name, e.g. 'bfloat16');
+parameters stay float32.
 Kernels are standardized, and GroupNorm statistics computed, in float32.
 """
 
@@ -17,14 +18,9 @@ import jax.numpy as jnp
 
 
 def standardize(kernel, axis=(0, 1, 2), eps=1e-5):
-  """Returns `kernel` with zero mean and unit standard deviation over `axis`.
-
-  Args:
-    kernel: a convolution kernel, (height, width, in, out) for a 2-D conv.
-    axis: the axes to normalize over: all but the output axis.
-    eps: added to the standard deviation, as the original, so that a
-      constant kernel maps to zeros rather than NaNs.
-  """
+  """`kernel` with zero mean and unit standard deviation over `axis` (all
+  but a conv kernel's output axis). `eps` is added to the standard deviation,
+  as the original, so that a constant kernel maps to zeros, not NaNs."""
   centered = kernel - jnp.mean(kernel, axis=axis, keepdims=True)
   return centered / (jnp.std(centered, axis=axis, keepdims=True) + eps)
 
@@ -55,8 +51,6 @@ class ResidualUnit(nn.Module):
   Attributes:
     features: bottleneck width; the unit outputs 4 * features channels.
     strides: strides of the 3x3 conv and of the projection.
-    dtype: computation dtype of the convs and GroupNorms (a dtype or its
-      name, e.g. 'bfloat16'); parameters stay float32.
   """
   features: int
   strides: Tuple[int, int] = (1, 1)
@@ -85,15 +79,8 @@ class ResidualUnit(nn.Module):
 
 
 class ResNetStage(nn.Module):
-  """A stage of `block_size` units, named unit1, unit2, ...
-
-  Attributes:
-    block_size: number of units.
-    features: bottleneck width of every unit (output: 4 * features channels).
-    first_stride: strides of the first unit; the others use (1, 1).
-    dtype: computation dtype of every unit (a dtype or its name); parameters
-      stay float32.
-  """
+  """`block_size` units, named unit1, unit2, ..., of bottleneck width
+  `features`; the first unit has strides `first_stride`, the others 1."""
   block_size: int
   features: int
   first_stride: Tuple[int, int]
