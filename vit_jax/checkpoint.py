@@ -226,29 +226,20 @@ def load_params(path,
                 found: Optional[Params] = None) -> Params:
   """The parameters of the checkpoint at `path`, fitted to a model.
 
-  Blocks are stacked as the model's; a LiT file given for an image model
-  yields its image tower (`img`). With `new_head` the head is the model's
-  fresh one (fine-tuning); else the file's is kept if the model has a head
-  and dropped if not. `pre_logits` is dropped if the model has none.
-  Position tables are resized to the model's grid as in `load_pretrained`.
-  Each of these changes is printed as one line on stderr.
+  `path` is an .npz (local, gs://, https://), an Orbax workdir or one of its
+  `checkpoints/<step>` directories (`params` only), unless the caller read
+  it already (`found`). Blocks are stacked as the model's; a LiT file given
+  for an image model yields its image tower (`img`). With `new_head`
+  (fine-tuning) the head is the model's, from `init_params`; else the file's
+  is kept if the model has a head and dropped if not; so is `pre_logits`.
+  Unless `resize_posemb` is False, position tables are resized to the
+  model's grid as in `load_pretrained` (`new_grid` and `old_grid`: (h, w)
+  if not square). Each change is printed as one line on stderr.
 
-  Args:
-    path: an .npz (local, gs://, https://), an Orbax workdir, or one of its
-      `checkpoints/<step>` directories (its `params` only are read).
-    init_params: the model's parameters, or their shapes (`jax.eval_shape`)
-      unless `new_head` needs the model's initial head.
-    model_config: with `classifier` ('token') and `posemb` ('learn').
-    new_head: fine-tuning: the head of `init_params`, not the file's.
-    new_grid: (h, w) patch grid of the model if not square.
-    old_grid: (h, w) patch grid of the checkpoint, if not square.
-    resize_method: 'bicubic' or 'linear_zoom', see `resize_posemb_grid`.
-    resize_posemb: False to refuse position tables of another size.
-    found: `read_params(path)`, if the caller has read it already.
-
-  Returns:
-    Numpy parameters shaped like `init_params`. Raises FileNotFoundError,
-    or CheckpointError listing the keys and shapes that do not fit.
+  `init_params` may be shapes (`jax.eval_shape`) unless `new_head` needs
+  the model's initial head; `model_config` gives `classifier` ('token') and
+  `posemb` ('learn'). Returns numpy parameters shaped like `init_params`;
+  raises FileNotFoundError, or CheckpointError listing what does not fit.
   """
   path = os.fspath(path)
   posemb = model_config.get('posemb') or 'learn'

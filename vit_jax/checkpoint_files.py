@@ -98,8 +98,8 @@ def load(path) -> Params:
 
   `path` may be local, in a bucket (gs://) or an https:// URL (fetched into
   a local cache once). Accepts pre-Linen and Linen names alike, and never
-  unpickles. Raises
-  FileNotFoundError, or CheckpointError for a damaged or non-numeric file.
+  unpickles. Raises FileNotFoundError, or CheckpointError for a damaged or
+  non-numeric file.
   """
   path = os.fspath(path)
   flat = _groupnorm_shapes(_read_arrays(storage.local_copy(path)),
@@ -157,9 +157,9 @@ def save(params: Mapping[str, Any], path) -> None:
   """Writes `params` in the published format; `load` reads it back exactly.
 
   `path` may be local or in a bucket (gs://). The file appears atomically
-  (written beside `path`, then renamed). Empty
-  dicts (parameter-less modules) are not stored; `inspect_params` restores
-  them. Scanned blocks are written one per block.
+  (written beside `path`, then renamed). Empty dicts (parameter-less
+  modules) are not stored; `inspect_params` restores them. Scanned blocks
+  are written one per block.
   """
   path = os.fspath(path)
   flat = _groupnorm_shapes(
@@ -201,21 +201,14 @@ def inspect_params(*,
                    fail_if_extra: bool = True,
                    fail_if_missing: bool = True,
                    source: Optional[str] = None) -> Params:
-  """Compares the keys and shapes of `params` with the model's `expected`.
+  """Compares the keys and shapes of `params` with the model's `expected`
+  (e.g. from `model.init` or `jax.eval_shape`: leaves only need a `shape`).
 
-  Missing and extra keys are logged, and raise when asked to; wrong shapes
-  always raise. Leaves only need a `shape`.
-
-  Args:
-    params: a loaded tree.
-    expected: the model's tree, e.g. from `model.init` or `jax.eval_shape`.
-    fail_if_extra: raise on keys the model lacks; else drop them.
-    fail_if_missing: raise on model keys that `params` lacks.
-    source: what `params` is, for messages (e.g. 'Checkpoint PATH').
-
-  Returns:
-    `params` without extra keys, plus the model's empty dicts. Raises a
-    CheckpointError listing the first few offending keys, with shapes.
+  Missing and extra keys are logged; they raise if `fail_if_missing` and
+  `fail_if_extra` (else extra keys are dropped); wrong shapes always raise:
+  a CheckpointError on `source` (e.g. 'Checkpoint PATH') listing the first
+  few offending keys, with shapes. Returns `params` without extra keys, plus
+  the model's empty dicts.
   """
   have = traverse_util.flatten_dict(params, sep='/')
   want = traverse_util.flatten_dict(expected, sep='/', keep_empty_nodes=True)
@@ -241,8 +234,6 @@ def inspect_params(*,
   kept = {k: v for k, v in have.items() if k not in extra}
   kept.update({k: {} for k in empty})
   return traverse_util.unflatten_dict(kept, sep='/')
-
-
 
 
 # Any checkpoint.

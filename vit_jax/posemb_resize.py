@@ -45,18 +45,13 @@ def resize_posemb_grid(posemb,
                        method: str = 'bicubic') -> np.ndarray:
   """Resizes a (1, [1 +] tokens, D) position embedding to another grid.
 
-  The grid is 2-D, (h, w) patches in row-major order, or 1-D, (n,) entries
-  (the row or column table of posemb='learn2d'). Both grids cover the same
-  image, each entry at the centre of its cell: entry i of n at (i + 0.5) / n.
-
-  Args:
-    posemb: (1, N, D) array; the class token, if any, first (kept as is).
-    old_grid: the grid of `posemb`; None for a square (or 1-D) one.
-    new_grid: the grid to resize to.
-    has_class_token: whether token 0 is the class token.
-    method: 'bicubic', `jax.image.resize(..., 'cubic', antialias=False)`; or
-      'linear_zoom', the original's `scipy.ndimage.zoom(..., order=1)`,
-      which aligns the end entries instead of the centres.
+  A grid is 2-D, (h, w) patches in row-major order, or 1-D, (n,) entries
+  (the row or column table of posemb='learn2d'); `old_grid` None is a square
+  (or 1-D) one. Both grids cover the same image, each entry at the centre of
+  its cell: entry i of n at (i + 0.5) / n. The class token, if any, is first
+  and kept as is. `method`: 'bicubic', `jax.image.resize(..., 'cubic',
+  antialias=False)`; or 'linear_zoom', the original's
+  `scipy.ndimage.zoom(..., order=1)`, which aligns the end entries instead.
   """
   posemb = _check_posemb(posemb, method)
   n_cls = int(has_class_token)
