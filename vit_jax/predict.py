@@ -3,29 +3,31 @@ r"""Top-k classes of images, from a checkpoint (.npz or training workdir).
   python -m vit_jax.predict --model_name=ViT-B_16 --checkpoint=ViT-B_16.npz \
       cat.jpg dog.png
 
-Images are resized as the evaluation pipeline does (`input_pipeline.
-preprocess_eval`) to the resolution that the checkpoint's position embedding
-implies, unless `--size` says otherwise. Class names: ImageNet-1k or -21k for
-heads of 1,000 or 21,843 classes, `--labels=FILE` (one name per line) for
-others, else class indices.
+Images are prepared as the checkpoint's source evaluates (`preprocess`):
+by the `<name>.transform.json` beside the checkpoint that `convert` writes
+from timm's `pretrained_cfg` (e.g. short side to 248, bicubic, center crop
+224, ImageNet mean and std), else as the original release does (the whole
+image resized to the square, bilinear, to [-1, 1]); `--crop_pct`,
+`--crop_mode`, `--interpolation`, `--mean` and `--std` override either, and
+stderr says which applied. The side is `--size`, else the record's, else
+the one that the checkpoint's position table implies; the table is resized
+to any other. Class names: ImageNet-1k or -21k for heads of 1,000 or 21,843
+classes, `--labels=FILE` (one name per line) for others, else class indices.
 """
 
 import os
 import sys
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app  # pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 from etils import epath
 import jax
-import ml_collections
 import numpy as np
-import tensorflow as tf
 
 from vit_jax import checkpoint
-from vit_jax import input_pipeline
+from vit_jax import cli
 from vit_jax import models
+from vit_jax import preprocess
 
 FLAGS = flags.FLAGS
 
@@ -39,27 +41,24 @@ LABEL_FILES = {1000: 'imagenet2012_labels.txt',
 image_size = checkpoint.image_size
 
 
-def load_classifier(model_name, path, size=None):
-  """(model, params, image side) for the checkpoint at `path`."""
-  model, params, size = checkpoint.load_model(
-      models.MODEL_CONFIGS[model_name], path, size)
+def load_classifier(model_name, path, size=None, recorded=None):
+  """(model, params, image side) for the checkpoint at `path`, with the
+  `model` overrides of its `recorded` transform (`preprocess`)."""
+  if model_name not in models.MODEL_CONFIGS:
+    raise ValueError(cli.closest(model_name, models.MODEL_CONFIGS, 'model'))
+  config = preprocess.model_config(models.MODEL_CONFIGS[model_name], recorded)
+  model, params, size = checkpoint.load_model(config, path, size)
   if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')
   return model, params, size
 
 
-def read_image(path, size):
-  """The image at `path` as the model sees it: (size, size, 3) in [-1, 1]."""
-  if not epath.Path(path).exists():
-    raise FileNotFoundError(f'{path}: no such file.')
-  data = epath.Path(path).read_bytes()
-  try:
-    image = tf.io.decode_image(data, channels=3, expand_animations=False)
-  except tf.errors.InvalidArgumentError as e:
-    raise ValueError(f'{path} is not an image that can be decoded (JPEG, PNG, '
-                     'GIF or BMP).') from e
-  pp = ml_collections.ConfigDict({'crop': size})
-  return input_pipeline.preprocess_eval(image, pp).numpy()
+def read_image(path, transform):
+  """The image at `path` as the model sees it, by a `preprocess.Transform`
+  or, for a side, the original release's preprocessing at that side."""
+  if not isinstance(transform, preprocess.Transform):
+    transform = preprocess.resolve(transform)
+  return preprocess.prepare(path, transform)
 
 
 def class_names(num_classes, labels_path=None):
@@ -83,20 +82,32 @@ def predict(model, params, images):
   return np.asarray(jax.nn.softmax(logits.astype(np.float32)))
 
 
+def _transform(path, recorded, size):
+  """The transform of the checkpoint's record and the flags, said on stderr."""
+  overrides = preprocess.flag_overrides()
+  transform = preprocess.resolve(size, recorded, **overrides)
+  record_path = preprocess.transform_path(path) if recorded else None
+  print(preprocess.summary(transform, record_path, list(overrides)),
+        file=sys.stderr, flush=True)
+  return transform
+
+
 def main(argv):
   paths = argv[1:]
   if not paths:
     raise app.UsageError('Give one or more image files.')
-  tf.config.set_visible_devices([], 'GPU')  # TF only decodes images
-  model, params, size = load_classifier(FLAGS.model_name, FLAGS.checkpoint,
-                                        FLAGS.size)
+  recorded = preprocess.load_transform(FLAGS.checkpoint)
+  model, params, size = load_classifier(
+      FLAGS.model_name, FLAGS.checkpoint,
+      FLAGS.size or preprocess.recorded_size(recorded), recorded)
+  transform = _transform(FLAGS.checkpoint, recorded, size)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:
     try:
-      images.append(read_image(path, size))
+      images.append(preprocess.prepare(path, transform))
       good.append(path)
-    except (OSError, ValueError, tf.errors.OpError) as e:
+    except (OSError, ValueError) as e:
       print(f'{path}: error: {e}', file=sys.stderr)
   if good:
     for path, probs in zip(good, predict(model, params, images)):
@@ -111,7 +122,9 @@ if __name__ == '__main__':
   flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
   flags.DEFINE_string('checkpoint', None, 'The .npz file or workdir.')
   flags.DEFINE_string('labels', None, 'Class names, one per line.')
-  flags.DEFINE_integer('size', None, "Image side (default: the checkpoint's).")
+  flags.DEFINE_integer('size', None, 'Image side (default: the recorded '
+                       "transform's, else the checkpoint's).")
   flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
+  preprocess.define_flags()
   flags.mark_flags_as_required(['model_name', 'checkpoint'])
-  app.run(main)
+  cli.run(main)
