@@ -186,8 +186,8 @@ def decode(source, max_pixels: int = MAX_PIXELS) -> Image.Image:
     try:
       image = Image.open(io.BytesIO(data))  # reads the header only
     except Image.DecompressionBombError as e:
-      raise ValueError(f'{name} is over the limit of {max_pixels:,} pixels '
-                       f'({e}): downscale it first.') from e
+      raise ValueError(f'{name} is over the limit of {max_pixels:,} pixels: '
+                       f'downscale it first. PIL: {e}') from e
     except Image.UnidentifiedImageError as e:
       raise ValueError(f'{name} is not an image that PIL can decode.') from e
     width, height = image.size
