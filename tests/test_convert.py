@@ -4,7 +4,10 @@ The golden files come from `scripts/make_timm_golden.py` (torch and timm);
 these tests need neither.
 """
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +20,7 @@ from safetensors.numpy import load_file
 from vit_jax import checkpoint
 from vit_jax import convert
 from vit_jax import models
+from vit_jax import preprocess
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,3 +177,205 @@ print('ok')
   result = subprocess.run([sys.executable, '-c', script], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
   assert result.stdout.strip().endswith('ok'), result.stderr[-2000:]
+
+
+# timm folders written by timm's own save_for_hf, and timm's logits
+# (scripts/make_timm_config_golden.py); these use timm's default, exact GELU.
+HF = os.path.join(DATA, 'timm_hf')
+HF_GOLDEN = np.load(os.path.join(DATA, 'timm_hf_logits.npz'))
+
+
+def _converted_logits(npz, source, **changes):
+  """The converted file's logits, its model built as convert says."""
+  config = convert.model_config(source.model_name, source.overrides)
+  config.update(changes)
+  model = models.VisionTransformer(**dict(config.to_dict(), num_classes=5))
+  return np.asarray(model.apply({'params': checkpoint.load(npz)},
+                                HF_GOLDEN['images'], train=False))
+
+
+@pytest.mark.parametrize('case,overrides', [
+    ('token', {'transformer': {'gelu_approximate': False}}),
+    ('token_tanh', {}),  # act_layer='gelu_tanh': the preset's own GELU
+    ('token_fc_norm', {'transformer': {'gelu_approximate': False}}),
+    ('gap', {'classifier': 'gap', 'transformer': {'gelu_approximate': False}}),
+])
+def test_timm_folder_gives_timms_logits(tmp_path, case, overrides):
+  npz = str(tmp_path / 'model.npz')
+  assert convert.convert(os.path.join(HF, case), npz) == 'testing'
+  source = convert.from_timm(os.path.join(HF, case))
+  assert source.overrides == overrides
+  np.testing.assert_allclose(_converted_logits(npz, source), HF_GOLDEN[case],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_exact_gelu_is_needed(tmp_path):
+  """timm's default GELU is the exact one: the tanh form misses its logits
+  by far more than the tolerance that the exact one meets."""
+  npz = str(tmp_path / 'model.npz')
+  convert.convert(os.path.join(HF, 'token'), npz)
+  source = convert.from_timm(os.path.join(HF, 'token'))
+  tanh = _converted_logits(
+      npz, source, transformer={'gelu_approximate': True})
+  assert np.abs(tanh - HF_GOLDEN['token']).max() > 1e-4
+  exact = _converted_logits(npz, source)
+  assert np.abs(exact - HF_GOLDEN['token']).max() < 1e-5
+
+
+def test_avg_pooling_with_class_token_is_refused(tmp_path):
+  """timm averages the patch tokens and leaves out the class token, which
+  no vit_jax classifier does; read as token pooling, the logits are wrong."""
+  with pytest.raises(ValueError, match="timm setting global_pool='avg' is "
+                     'not supported by vit_jax: with class_token=True'):
+    convert.convert(os.path.join(HF, 'avg_cls'), str(tmp_path / 'a.npz'))
+  assert not os.listdir(tmp_path)
+  shutil.copy(os.path.join(HF, 'avg_cls', 'model.safetensors'), tmp_path)
+  npz = str(tmp_path / 'bare.npz')
+  convert.convert(str(tmp_path / 'model.safetensors'), npz)
+  source = convert.from_timm(str(tmp_path / 'model.safetensors'))
+  wrong = _converted_logits(npz, source)
+  assert np.abs(wrong - HF_GOLDEN['avg_cls']).max() > 0.1
+
+
+@pytest.mark.parametrize('case,setting', [
+    ('layerscale', 'init_values=1e-05'),
+    ('registers', 'reg_tokens=1'),
+    ('qk_norm', 'qk_norm=True'),
+    ('no_embed_class', 'no_embed_class=True'),
+    ('deit3', 'no_embed_class=True'),  # set by the architecture's entrypoint
+    ('avg_fc_norm', 'fc_norm=None'),  # timm's default: a norm after the mean
+    ('map', "global_pool='map'"),
+    ('pre_norm', 'pre_norm=True'),
+    ('dynamic_img_size', 'dynamic_img_size=True'),
+    ('quick_gelu', "act_layer='quick_gelu'"),
+])
+def test_what_vit_jax_cannot_compute_is_refused(tmp_path, case, setting):
+  dst = tmp_path / 'model.npz'
+  with pytest.raises(ValueError, match=re.escape(
+      f'timm setting {setting} is not supported by vit_jax: ')):
+    convert.convert(os.path.join(HF, case), str(dst))
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize('case,keys', [
+    ('layerscale', "'blocks.0.ls1.gamma', 'blocks.0.ls2.gamma'"),
+    ('registers', "'reg_token'"),
+    ('qk_norm', "'blocks.0.attn.q_norm.weight'"),
+    ('map', "'attn_pool."),
+    ('avg_fc_norm', "'fc_norm.bias', 'fc_norm.weight'"),
+])
+def test_weights_alone_name_what_has_no_counterpart(tmp_path, case, keys):
+  shutil.copy(os.path.join(HF, case, 'model.safetensors'), tmp_path)
+  with pytest.raises(ValueError, match=re.escape(keys) + '.*no counterpart'):
+    convert.convert(str(tmp_path / 'model.safetensors'),
+                    str(tmp_path / 'model.npz'))
+  assert sorted(os.listdir(tmp_path)) == ['model.safetensors']
+
+
+def test_weights_alone_without_a_class_position(tmp_path):
+  shutil.copy(os.path.join(HF, 'no_embed_class', 'model.safetensors'),
+              tmp_path)
+  with pytest.raises(ValueError, match='no_embed_class=True'):
+    convert.from_timm(str(tmp_path / 'model.safetensors'))
+
+
+def test_weights_alone_say_what_is_assumed(tmp_path, capsys):
+  shutil.copy(os.path.join(HF, 'token', 'model.safetensors'), tmp_path)
+  weights = str(tmp_path / 'model.safetensors')
+  convert.convert(weights, str(tmp_path / 'model.npz'))
+  err = capsys.readouterr().err
+  assert f'Note: no config.json beside {weights}: assuming ' in err
+  assert "global_pool='token'" in err and 'exact GELU' in err
+  assert 'the 2 heads of testing' in err
+
+
+def _edited_folder(tmp_path, case, **model_args):
+  """A copy of timm folder `case`, its config.json's model_args changed."""
+  folder = tmp_path / case
+  shutil.copytree(os.path.join(HF, case), folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config['model_args'].update(model_args)
+  (folder / 'config.json').write_text(json.dumps(config))
+  return str(folder)
+
+
+def test_model_name_that_does_not_fit_writes_nothing(tmp_path):
+  dst = tmp_path / 'out' / 'model.npz'
+  dst.parent.mkdir()
+  folder = os.path.join(HF, 'token')
+  with pytest.raises(ValueError, match=r'--model_name=ViT-B_16 does not fit '
+                     r'the checkpoint, which has width 10 \(ViT-B_16: 768\)'):
+    convert.convert(folder, str(dst), 'ViT-B_16')
+  with pytest.raises(ValueError, match='did you mean testing'):
+    convert.convert(folder, str(dst), 'testin')
+  # The heads, which the weights do not show, come from config.json.
+  five_heads = _edited_folder(tmp_path, 'token', num_heads=5)
+  with pytest.raises(ValueError, match=r'heads 5 \(testing: 2\)'):
+    convert.convert(five_heads, str(dst), 'testing')
+  with pytest.raises(ValueError, match='No preset has these shapes'):
+    convert.convert(five_heads, str(dst))
+  assert not os.listdir(dst.parent)
+
+
+def test_config_that_timm_did_not_write_is_refused(tmp_path):
+  dst = str(tmp_path / 'model.npz')
+  with pytest.raises(ValueError, match='does not describe its weights: it '
+                     r'says width 12 \(weights: 10\)'):
+    convert.convert(_edited_folder(tmp_path, 'token', embed_dim=12), dst)
+  with pytest.raises(ValueError, match=r"timm setting swap=1 is not supported"
+                     " by vit_jax: vit_jax.convert does not know"):
+    convert.convert(_edited_folder(tmp_path, 'gap', swap=1), dst)
+  folder = tmp_path / 'siglip'
+  shutil.copytree(os.path.join(HF, 'token'), folder)
+  (folder / 'config.json').write_text(json.dumps(
+      {'architecture': 'vit_base_patch16_siglip_224'}))
+  with pytest.raises(ValueError, match="'vit_base_patch16_siglip_224' is not "
+                     'one that vit_jax.convert knows'):
+    convert.convert(str(folder), dst)
+  mixer = tmp_path / 'mixer'
+  mixer.mkdir()
+  shutil.copy(os.path.join(DATA, 'timm_mixer.safetensors'),
+              mixer / 'model.safetensors')
+  (mixer / 'config.json').write_text(json.dumps(
+      {'architecture': 'mixer_b16_224', 'model_args': {'num_blocks': 2}}))
+  with pytest.raises(ValueError, match="act_layer='GELU' is not supported"):
+    convert.convert(str(mixer), dst)
+  assert not os.path.exists(dst)
+
+
+def test_eval_transform_and_settings_are_recorded(tmp_path, capsys):
+  dst = str(tmp_path / 'model.npz')
+  convert.convert(os.path.join(HF, 'gap'), dst)
+  recorded = preprocess.load_transform(dst)
+  assert recorded['input_size'] == [3, 32, 32]
+  assert recorded['crop_pct'] == 0.9 and recorded['interpolation'] == 'bicubic'
+  assert recorded['mean'] == [0.5] * 3 and recorded['std'] == [0.5] * 3
+  settings = {'classifier': 'gap', 'transformer': {'gelu_approximate': False}}
+  if 'model' in preprocess.TRANSFORM_KEYS:
+    assert recorded['model'] == settings
+  else:  # the sidecar cannot hold them: said on stderr
+    err = capsys.readouterr().err
+    assert (f"Note: {dst} is testing with classifier='gap', "
+            'transformer.gelu_approximate=False') in err
+
+
+def test_pth_without_torch_says_how_to_install(monkeypatch):
+  monkeypatch.setitem(sys.modules, 'torch', None)
+  with pytest.raises(ModuleNotFoundError,
+                     match=re.escape("needs torch: pip install -e "
+                                     "'.[convert]'")):
+    convert.read_timm('model.pth')
+
+
+def test_refusal_on_the_command_line(tmp_path):
+  """One 'Error:' line, no traceback, nothing written."""
+  dst = tmp_path / 'v.npz'
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.convert', os.path.join(HF, 'avg_cls'),
+       str(dst)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert result.returncode == 1
+  lines = [l for l in result.stderr.splitlines() if l.startswith('Error:')]
+  assert lines == [l for l in result.stderr.splitlines()
+                   if 'Traceback' in l or l.startswith('Error:')]
+  assert lines[0].startswith("Error: timm setting global_pool='avg'")
+  assert not dst.exists()

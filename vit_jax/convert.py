@@ -1,27 +1,41 @@
 r"""Weights in timm's layout <-> the published .npz format.
 
-  python -m vit_jax.convert model.safetensors ViT-B_16.npz   # timm -> .npz
-  python -m vit_jax.convert ViT-B_16.npz model.safetensors   # .npz -> timm
+  python -m vit_jax.convert timm_folder ViT-B_16.npz       # timm -> .npz
+  python -m vit_jax.convert model.safetensors ViT-B_16.npz
+  python -m vit_jax.convert ViT-B_16.npz model.safetensors  # .npz -> timm
 
-The preset is inferred from the shapes (`--model_name` to choose it); it gives
-the number of heads, which timm's fused `qkv` does not show. ViTs (class
-token or mean pooling), hybrids and MLP-Mixers are converted. timm's
-`.safetensors` is read with safetensors' numpy API, a torch `.pth`/`.bin`
-with `torch.load(weights_only=True)` (torch and safetensors are optional:
-`pip install -e '.[convert]'`).
+A timm checkpoint is a folder holding `config.json` and `model.safetensors`
+(or `pytorch_model.bin`): a Hugging Face hub download, `timm.models.
+save_for_hf`'s output, or a weights file with `config.json` beside it.
+`config.json` says how timm computes: each setting is either carried over
+to vit_jax's model config (pooling, GELU's form) or refused, naming it;
+nothing is written then. Without `config.json` timm's defaults are assumed,
+as a note on stderr says. The preset is inferred from the shapes and the
+heads (`--model_name` to choose it, refused if it does not fit). The eval
+transform and the settings that differ from the preset go beside the `.npz`
+(`preprocess.save_transform`). ViTs, hybrids and (without `config.json`)
+MLP-Mixers are converted. `.safetensors` is read with safetensors' numpy
+API, a torch `.pth`/`.bin` with `torch.load(weights_only=True)` (both
+optional: `pip install -e '.[convert]'`).
 """
 
+import importlib
+import json
+import math
 import os
 import re
-from typing import Dict
+import sys
+from typing import Any, Dict, NamedTuple, Optional
 
-from absl import app
 from absl import flags
 from flax import traverse_util
+import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax import cli
 from vit_jax import models
+from vit_jax import preprocess
 
 FLAGS = flags.FLAGS
 
@@ -131,15 +145,45 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
   """A timm state dict (numpy) -> '/'-joined published names."""
   rules = _rules(mixer=any(k.startswith('stem.') for k in state))
   out = _attention_to_npz(state, heads)
+  unknown = []
   for key, value in state.items():
     if _ATTENTION.fullmatch(key):
       continue
     name = _npz_name(key, rules)
     if name is None:
-      raise ValueError(f'timm key {key!r} has no counterpart in vit_jax (a '
-                       'norm or head that vit_jax does not have).')
-    out[name] = _leaf_to_npz(np.asarray(value))
+      unknown.append(key)
+    else:
+      out[name] = _leaf_to_npz(np.asarray(value))
+  if unknown:
+    shown = ', '.join(repr(k) for k in unknown[:6])
+    more = f' and {len(unknown) - 6} more' if len(unknown) > 6 else ''
+    raise ValueError(
+        f'timm key{"s" if len(unknown) > 1 else ""} {shown}{more} '
+        f'{"have" if len(unknown) > 1 else "has"} no counterpart in vit_jax '
+        '(LayerScale, registers, a query/key or pooled norm, attention '
+        'pooling, or another layer that vit_jax does not have).')
   return out
+
+
+def _missing(flat: Flat) -> list:
+  """What a ViT's published names lack of what every ViT has."""
+  if 'stem/kernel' in flat:
+    return []
+  need = ['embedding/kernel', 'embedding/bias',
+          'Transformer/posembed_input/pos_embedding',
+          'Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
+  blocks = {m[1] for k in flat
+            for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
+  leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')
+            for leaf in ('scale', 'bias')]
+  leaves += [f'MlpBlock_3/Dense_{i}/{leaf}' for i in (0, 1)
+             for leaf in ('kernel', 'bias')]
+  leaves += [f'MultiHeadDotProductAttention_1/{part}/{leaf}'
+             for part in ('query', 'key', 'value', 'out')
+             for leaf in ('kernel', 'bias')]
+  need += [f'Transformer/encoderblock_{b}/{leaf}' for b in sorted(blocks)
+           for leaf in leaves]
+  return [name for name in need if name not in flat]
 
 
 def _timm_keys(flat: Flat) -> list:
@@ -201,6 +245,159 @@ def npz_to_timm(flat: Flat) -> Flat:
   return out
 
 
+# What timm's ViT entrypoints pass for each size; the hub's config.json
+# records only the arguments given to `create_model`, not these.
+_SIZES = {
+    'tiny': dict(embed_dim=192, depth=12, num_heads=3),
+    'small': dict(embed_dim=384, depth=12, num_heads=6),
+    'base': dict(embed_dim=768, depth=12, num_heads=12),
+    'large': dict(embed_dim=1024, depth=24, num_heads=16),
+    'huge': dict(embed_dim=1280, depth=32, num_heads=16),
+}
+# timm VisionTransformer's defaults for what is read below.
+_VIT_DEFAULTS = dict(global_pool='token', class_token=True, fc_norm=None,
+                     act_layer=None, patch_size=16, mlp_ratio=4.)
+# Arguments that vit_jax computes only at timm's default, and why not else.
+_FIXED = {
+    'qkv_bias': (True, 'its attention has no query/key/value biases'),
+    'proj_bias': (True, "its attention's output projection has no bias"),
+    'qk_norm': (False, 'it normalizes queries and keys (attn.q_norm, '
+                'attn.k_norm)'),
+    'scale_attn_norm': (False, 'it normalizes inside the attention'),
+    'scale_mlp_norm': (False, 'it normalizes inside the MLP'),
+    'init_values': (None, 'LayerScale (blocks.N.ls1.gamma, ls2.gamma) '
+                    'scales each residual branch'),
+    'no_embed_class': (False, 'the class token gets no position embedding, '
+                       'where vit_jax adds one to every token'),
+    'reg_tokens': (0, 'register tokens (reg_token) come with the class token'),
+    'pre_norm': (False, 'a LayerNorm (norm_pre) comes before the blocks'),
+    'final_norm': (True, 'no LayerNorm comes after the blocks'),
+    'pos_embed': ('learn', 'vit_jax converts only a learned position table'),
+    'pool_include_prefix': (False, 'the pooling includes the prefix tokens'),
+    'dynamic_img_size': (False, 'it resizes the position embedding for each '
+                         "input; vit_jax's is resized once, when loaded"),
+    'dynamic_img_pad': (False, 'it pads images to whole patches'),
+    'in_chans': (3, "vit_jax's pipelines feed RGB images"),
+    'norm_layer': (None, "vit_jax's norms are LayerNorms with eps 1e-6"),
+    'embed_norm_layer': (None, 'the patch embedding is normalized'),
+    'embed_layer': (None, 'another patch embedding'),
+    'block_fn': (None, 'another block'),
+    'attn_layer': (None, 'another attention'),
+    'mlp_layer': (None, 'another MLP'),
+}
+# Carried over to vit_jax (or checked against the weights and the preset).
+_MAPPED = {'global_pool', 'class_token', 'fc_norm', 'act_layer', 'embed_dim',
+           'depth', 'num_heads', 'mlp_ratio', 'patch_size'}
+# Training, initialization, or what the weights' shapes say anyway.
+_INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
+          'patch_drop_rate', 'proj_drop_rate', 'attn_drop_rate',
+          'drop_path_rate', 'weight_init', 'fix_init'}
+
+
+def _unsupported(key: str, value, why: str) -> ValueError:
+  return ValueError(f'timm setting {key}={value!r} is not supported by '
+                    f'vit_jax: {why}.')
+
+
+def _architecture_args(name: str) -> Dict[str, Any]:
+  """What timm's entrypoint `name` passes to its VisionTransformer."""
+  plain = re.fullmatch(r'(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)'
+                       r'_\d+', name)
+  if plain:
+    return dict(_SIZES[plain[1]], patch_size=int(plain[2]))
+  gap = re.fullmatch(r'vit_(base|huge)_patch(\d+)_gap_\d+', name)
+  if gap:  # 16 heads, also at the base width
+    return dict(_SIZES[gap[1]], patch_size=int(gap[2]), num_heads=16,
+                class_token=False, global_pool='avg', fc_norm=False)
+  hybrid = re.fullmatch(r'vit_(tiny|small|base|large)_r\d*_s\d+(?:_p(\d+))?'
+                        r'_\d+', name)
+  if hybrid:  # patches of the ResNet's feature map
+    return dict(_SIZES[hybrid[1]], patch_size=int(hybrid[2] or 1))
+  if re.fullmatch(r'deit3_\w+', name):
+    return dict(no_embed_class=True, init_values=1e-6)
+  if re.fullmatch(r'mixer_[sbl](16|32)_224', name):
+    raise _unsupported('act_layer', 'GELU', "timm's MlpMixer computes the "
+                       "exact GELU, vit_jax's its tanh form")
+  raise ValueError(
+      f"timm architecture {name!r} is not one that vit_jax.convert knows: its "
+      'entrypoint sets arguments that config.json does not record. Known: '
+      'vit_{tiny,small,base,large,huge}_patchP_S, deit_*_patchP_S, '
+      'vit_{base,huge}_patchP_gap_S and the R+ViT hybrids vit_*_r*_s*.')
+
+
+def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
+  """The arguments timm's VisionTransformer got, from its config.json."""
+  if 'architecture' not in config:
+    raise ValueError("config.json names no 'architecture': it is not timm's.")
+  settings = dict(_VIT_DEFAULTS, **_architecture_args(config['architecture']))
+  model_args = config.get('model_args') or {}
+  if 'global_pool' in config:
+    settings['global_pool'] = config['global_pool']
+  settings.update(model_args)  # create_model's arguments win, as in timm
+  return settings
+
+
+def _uses_fc_norm(settings) -> bool:
+  """Whether the final norm comes after the pooling (timm's rule)."""
+  if settings['fc_norm'] is None:
+    return settings['global_pool'] in ('avg', 'avgmax', 'max')
+  return bool(settings['fc_norm'])
+
+
+def _classifier(settings) -> str:
+  """vit_jax's classifier that pools as timm's `global_pool` does."""
+  pool, cls = settings['global_pool'], settings['class_token']
+  if pool == 'token' and cls:
+    # A LayerNorm acts on each token alone: after the pooling (fc_norm) on
+    # the class token is the same as before it on every token.
+    return 'token'
+  if pool == 'avg' and cls:
+    raise _unsupported('global_pool', pool, 'with class_token=True timm '
+                       "averages the patch tokens, leaving out the class "
+                       "token; vit_jax's 'gap' has no class token")
+  if pool == 'avg' and _uses_fc_norm(settings):
+    raise _unsupported('fc_norm', settings['fc_norm'], "with global_pool='avg' "
+                       'timm normalizes the mean of the tokens (fc_norm: on '
+                       "unless False); vit_jax's 'gap' averages normalized "
+                       'tokens')
+  if pool == 'avg':
+    return 'gap'
+  if pool == 'token':
+    raise _unsupported('class_token', cls, "global_pool='token' needs it")
+  raise _unsupported('global_pool', pool, "vit_jax converts 'token' and "
+                     "'avg' pooling only (not timm's attention pooling)")
+
+
+def _gelu_approximate(act) -> bool:
+  if act in (None, 'gelu'):  # nn.GELU: the exact erf form
+    return False
+  if act == 'gelu_tanh':
+    return True
+  raise _unsupported('act_layer', act, "vit_jax's MLP computes GELU (exact "
+                     "or tanh) only")
+
+
+def vit_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
+  """vit_jax's model config for timm's VisionTransformer `settings`, or a
+  ValueError naming the first one that vit_jax cannot compute."""
+  for key, value in settings.items():
+    if key in _FIXED and value != _FIXED[key][0]:
+      raise _unsupported(key, value, _FIXED[key][1])
+    if key not in _FIXED and key not in _MAPPED | _INERT:
+      raise _unsupported(key, value, 'vit_jax.convert does not know what it '
+                         'changes')
+  return {'classifier': _classifier(settings),
+          'transformer': {
+              'gelu_approximate': _gelu_approximate(settings['act_layer'])}}
+
+
+def _fc_norm_as_final(state: Flat, settings) -> Flat:
+  """Token pooling with fc_norm: its weights are the final norm's."""
+  if settings['global_pool'] != 'token' or not _uses_fc_norm(settings):
+    return state
+  return {re.sub(r'^fc_norm\.', 'norm.', k): v for k, v in state.items()}
+
+
 def _resnet_layers(flat: Flat):
   """Units per stage of a hybrid's ResNet, None for a plain ViT."""
   if 'conv_root/kernel' not in flat:
@@ -213,45 +410,112 @@ def _resnet_layers(flat: Flat):
   return tuple(units[i] for i in sorted(units))
 
 
-def infer_preset(flat: Flat) -> str:
-  """The preset whose shapes these published names have."""
-  def dims(name):
-    config = models.MODEL_CONFIGS[name]
-    if name.startswith('Mixer-'):
-      return ('mixer', config.hidden_dim, config.num_blocks,
-              config.patches.size[0], config.tokens_mlp_dim)
-    resnet = config.get('resnet')
-    return ('vit', config.hidden_size, config.transformer.num_layers,
-            config.patches.size[0], config.transformer.mlp_dim,
-            config.classifier, tuple(resnet.num_layers) if resnet else None)
+def _dims(flat: Flat) -> Dict[str, Any]:
+  """The shapes that these published names say, by name."""
   blocks = {m[1] for k in flat
             for m in [re.search(r'(?:encoderblock|MixerBlock)_(\d+)/', k)] if m}
   if 'stem/kernel' in flat:
     kernel = flat['stem/kernel']
-    want = ('mixer', kernel.shape[-1], len(blocks), kernel.shape[0],
-            flat['MixerBlock_0/token_mixing/Dense_0/kernel'].shape[-1])
-  else:
-    kernel = flat['embedding/kernel']
-    want = ('vit', kernel.shape[-1], len(blocks), kernel.shape[0],
-            flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel'].shape[
-                -1], 'token' if 'cls' in flat else 'gap', _resnet_layers(flat))
+    return dict(
+        width=kernel.shape[-1], depth=len(blocks), patch=kernel.shape[:2],
+        tokens_mlp_dim=flat['MixerBlock_0/token_mixing/Dense_0/kernel'].shape[
+            -1],
+        channels_mlp_dim=flat['MixerBlock_0/channel_mixing/Dense_0/kernel']
+        .shape[-1])
+  kernel = flat['embedding/kernel']
+  return dict(
+      width=kernel.shape[-1], depth=len(blocks), patch=kernel.shape[:2],
+      mlp_dim=flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel']
+      .shape[-1], resnet=_resnet_layers(flat))
+
+
+def _preset_dims(name: str) -> Dict[str, Any]:
+  config = models.MODEL_CONFIGS[name]
+  if name.startswith('Mixer-'):
+    return dict(width=config.hidden_dim, depth=config.num_blocks,
+                patch=tuple(config.patches.size),
+                tokens_mlp_dim=config.tokens_mlp_dim,
+                channels_mlp_dim=config.channels_mlp_dim)
+  resnet = config.get('resnet')
+  return dict(width=config.hidden_size, depth=config.transformer.num_layers,
+              patch=tuple(config.patches.size),
+              mlp_dim=config.transformer.mlp_dim,
+              resnet=tuple(resnet.num_layers) if resnet else None,
+              heads=config.transformer.num_heads)
+
+
+def _misfits(name: str, want: Dict[str, Any]) -> list:
+  """'what (preset: value)' for each of `want` that preset `name` lacks."""
+  have = _preset_dims(name)
+  return [f'{key} {value} ({name}: {have.get(key)})'
+          for key, value in want.items() if have.get(key) != value]
+
+
+def infer_preset(flat: Flat, heads: Optional[int] = None,
+                 classifier: Optional[str] = None) -> str:
+  """The preset whose shapes (and `heads`) these published names have; of
+  several, the one with `classifier` (default: a class token's or 'gap')."""
+  want = _dims(flat)
+  if heads is not None:
+    want['heads'] = heads
+  if 'stem/kernel' not in flat:
+    classifier = classifier or ('token' if 'cls' in flat else 'gap')
   found = [name for name in models.MODEL_CONFIGS
-           if not name.startswith('LiT-') and dims(name) == want]
+           if not name.startswith('LiT-') and not _misfits(name, want)]
   if not found:
-    raise ValueError(f'No preset has these shapes ({want}); give '
-                     '--model_name.')
-  return found[0]
+    raise ValueError(f'No preset has these shapes ({want}).')
+  same = [name for name in found
+          if models.MODEL_CONFIGS[name].get('classifier') == classifier]
+  return (same or found)[0]
+
+
+def check_preset(flat: Flat, name: str, heads: Optional[int] = None) -> None:
+  """Raises a ValueError unless preset `name` has these shapes (and heads)."""
+  if name not in models.MODEL_CONFIGS or name.startswith('LiT-'):
+    raise ValueError(cli.closest(name, [n for n in models.MODEL_CONFIGS
+                                        if not n.startswith('LiT-')], 'model'))
+  want = _dims(flat)
+  if heads is not None:
+    want['heads'] = heads
+  misfits = _misfits(name, want)
+  if misfits:
+    raise ValueError(f'--model_name={name} does not fit the checkpoint, '
+                     f'which has {", ".join(misfits)}.')
+
+
+def _check_config_dims(settings, flat: Flat, path: str) -> None:
+  """config.json and the weights must describe the same model."""
+  have = _dims(flat)
+  patch = settings['patch_size']
+  patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
+  said = dict(width=settings['embed_dim'], depth=settings['depth'],
+              patch=patch,
+              mlp_dim=int(settings['embed_dim'] * settings['mlp_ratio']))
+  wrong = [f'{key} {value} (weights: {have[key]})'
+           for key, value in said.items() if have[key] != value]
+  if wrong:
+    raise ValueError(f"{path}'s config.json does not describe its weights: "
+                     f'it says {", ".join(wrong)}.')
+
+
+def _import(module: str, path: str):
+  """`module`, or a ModuleNotFoundError saying how to install it."""
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    raise ModuleNotFoundError(
+        f"Reading {path} needs {module.split('.')[0]}: pip install -e "
+        "'.[convert]'") from e
 
 
 def read_timm(path: str) -> Flat:
   """A timm checkpoint file as numpy arrays; never unpickles objects."""
   if path.endswith('.safetensors'):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    return load_file(path)
+    return _import('safetensors.numpy', path).load_file(path)
   if not path.endswith(('.pth', '.bin', '.pt')):
     raise ValueError(f'{path}: expected a .safetensors, .pth or .bin file.')
   import pickle  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
+  torch = _import('torch', path)
   try:
     state = torch.load(path, map_location='cpu', weights_only=True)
   except pickle.UnpicklingError as e:
@@ -262,19 +526,164 @@ def read_timm(path: str) -> Flat:
   return {k: v.float().numpy() for k, v in state.items()}
 
 
+# A timm folder's weights, as the hub and `save_for_hf` name them.
+_WEIGHTS = ('model.safetensors', 'pytorch_model.bin')
+
+
+def locate(src: str):
+  """(weights file, its config.json or None) of a file or a timm folder."""
+  if os.path.isdir(src):
+    found = [os.path.join(src, n) for n in _WEIGHTS
+             if os.path.exists(os.path.join(src, n))]
+    if not found:
+      raise FileNotFoundError(f'{src} holds none of {", ".join(_WEIGHTS)}.')
+    src = found[0]
+  elif not os.path.exists(src):
+    raise FileNotFoundError(f'{src}: no such file or folder.')
+  config = os.path.join(os.path.dirname(src), 'config.json')
+  return src, config if os.path.exists(config) else None
+
+
+class Source(NamedTuple):
+  """A timm checkpoint as vit_jax sees it."""
+  flat: Flat  # by published names
+  model_name: str  # the preset
+  overrides: Dict[str, Any]  # what differs from the preset, e.g. classifier
+  transform: Dict[str, Any]  # timm's pretrained_cfg (eval transform)
+
+
+def from_timm(src: str, model_name: Optional[str] = None) -> Source:
+  """Reads timm's weights, and the config.json beside them, for vit_jax."""
+  weights, config_path = locate(src)
+  if config_path is None:
+    return _from_bare(weights, model_name)
+  with open(config_path) as f:
+    config = json.load(f)
+  settings = timm_settings(config)
+  overrides = vit_overrides(settings)
+  state = _fc_norm_as_final(read_timm(weights), settings)
+  flat = timm_to_npz(state, settings['num_heads'])
+  _check_complete(flat, weights)
+  _check_config_dims(settings, flat, weights)
+  model_name = model_name or infer_preset(flat, settings['num_heads'],
+                                          overrides['classifier'])
+  check_preset(flat, model_name, settings['num_heads'])
+  return Source(flat, model_name, _differences(model_name, overrides),
+                dict(config.get('pretrained_cfg') or {}))
+
+
+def _from_bare(weights: str, model_name: Optional[str]) -> Source:
+  """A state dict alone: timm's defaults, the heads of the preset."""
+  state = read_timm(weights)
+  flat = timm_to_npz(state, heads=1)
+  if 'stem/kernel' not in flat:
+    _check_posembed(flat, weights)
+  model_name = model_name or infer_preset(flat)
+  check_preset(flat, model_name)
+  if 'stem/kernel' in flat:
+    print(f'Note: no config.json beside {weights}: assuming an MLP-Mixer with '
+          "GELU's tanh form, which vit_jax computes (timm's default is the "
+          'exact form).', file=sys.stderr)
+    return Source(flat, model_name, {}, {})
+  heads = models.MODEL_CONFIGS[model_name].transformer.num_heads
+  flat = timm_to_npz(state, heads)
+  _check_complete(flat, weights)
+  print(f"Note: no config.json beside {weights}: assuming timm's defaults "
+        "(global_pool='token' with a class token, 'avg' without fc_norm "
+        f'without one; exact GELU) and the {heads} heads of {model_name}; '
+        "put timm's config.json beside it, or pass --model_name.",
+        file=sys.stderr)
+  overrides = {'classifier': 'token' if 'cls' in flat else 'gap',
+               'transformer': {'gelu_approximate': False}}
+  return Source(flat, model_name, _differences(model_name, overrides), {})
+
+
+def _check_complete(flat: Flat, path: str) -> None:
+  missing = _missing(flat)
+  if missing:
+    raise ValueError(f'{path} lacks what a vit_jax ViT has: '
+                     f'{", ".join(missing[:6])} (timm: qkv_bias=False or '
+                     'pre_norm=True?).')
+
+
+def _check_posembed(flat: Flat, path: str) -> None:
+  """A table without the class token's entry (timm's no_embed_class)."""
+  tokens = flat['Transformer/posembed_input/pos_embedding'].shape[1]
+  square = lambda n: n > 0 and math.isqrt(n)**2 == n
+  if 'cls' in flat and square(tokens) and not square(tokens - 1):
+    raise ValueError(f'{path} has a class token but its {tokens} position '
+                     'embeddings are a square grid without its entry (timm: '
+                     'no_embed_class=True), which vit_jax does not support.')
+
+
+def _differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
+  """The part of `overrides` that preset `name` does not already set."""
+  preset = model_config(name, {})
+  preset.transformer.gelu_approximate = preset.transformer.get(
+      'gelu_approximate', True)  # the Encoder's default
+  out = {}
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      inner = {k: v for k, v in value.items() if preset[key].get(k) != v}
+      if inner:
+        out[key] = inner
+    elif preset.get(key) != value:
+      out[key] = value
+  return out
+
+
+def model_config(name: str, overrides: Dict[str, Any]):
+  """Preset `name`'s config with `overrides` (nested dicts) applied, as a
+  converted file's model needs them."""
+  config = ml_collections.ConfigDict(models.MODEL_CONFIGS[name].to_dict())
+  config.update(overrides)
+  return config
+
+
+def _flags(overrides: Dict[str, Any], prefix: str = '') -> list:
+  """'transformer.gelu_approximate=False', ... of nested `overrides`."""
+  out = []
+  for key, value in overrides.items():
+    if isinstance(value, dict):
+      out += _flags(value, f'{prefix}{key}.')
+    else:
+      out.append(f'{prefix}{key}={value!r}')
+  return out
+
+
 def fetch(name: str, timeout: float = 5.) -> str:
   """Downloads the hub checkpoint `name` (e.g. timm/vit_base_patch16_224.
-  augreg_in21k) into huggingface_hub's cache; fails in seconds offline."""
+  augreg_in21k) into huggingface_hub's cache; returns its folder. Fails in
+  seconds offline."""
   import socket  # pylint: disable=g-import-not-at-top
   try:
     socket.create_connection(('huggingface.co', 443), timeout=timeout).close()
   except OSError as e:
     raise ConnectionError(
         f'Cannot reach huggingface.co to fetch {name} ({e}). Download its '
-        'model.safetensors where there is network, then convert the file.'
-    ) from e
-  import huggingface_hub  # pylint: disable=g-import-not-at-top
-  return huggingface_hub.hf_hub_download(name, 'model.safetensors')
+        'model.safetensors and config.json where there is network, then '
+        'convert their folder.') from e
+  hub = _import('huggingface_hub', name)
+  hub.hf_hub_download(name, 'config.json')
+  return os.path.dirname(hub.hf_hub_download(name, 'model.safetensors'))
+
+
+def _record(dst: str, source: Source) -> None:
+  """The eval transform and the model's settings, beside `dst`."""
+  sidecar = dict(source.transform)
+  if source.overrides:
+    sidecar['model'] = source.overrides
+  kept = [k for k in sidecar if k in preprocess.TRANSFORM_KEYS]
+  stale = preprocess.transform_path(dst)
+  if kept:
+    preprocess.save_transform(dst, sidecar)
+  elif stale.exists():  # it described the file that `dst` replaces
+    stale.unlink()
+  if source.overrides and 'model' not in kept:
+    print(f'Note: {dst} is {source.model_name} with '
+          f'{", ".join(_flags(source.overrides))}, as timm computes it; build '
+          f'its model with vit_jax.convert.model_config({source.model_name!r}'
+          f', {source.overrides}).', file=sys.stderr)
 
 
 def convert(src: str, dst: str, model_name: str = None) -> str:
@@ -282,24 +691,22 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   if src.endswith('.npz'):
     flat = checkpoint.published_flat(checkpoint.load(src))
     model_name = model_name or infer_preset(flat)
-    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+    save_file = _import('safetensors.numpy', dst).save_file
     save_file({k: np.ascontiguousarray(v, np.float32)
                for k, v in npz_to_timm(flat).items()}, dst)
     return model_name
   if not os.path.exists(src) and re.fullmatch(r'[\w.-]+/[\w.-]+', src):
     src = fetch(src)
-  state = read_timm(src)
-  model_name = model_name or infer_preset(timm_to_npz(state, heads=1))
-  heads = models.MODEL_CONFIGS[model_name].get('transformer', {}).get(
-      'num_heads', 1)
-  flat = timm_to_npz(state, heads)
-  checkpoint.save(traverse_util.unflatten_dict(flat, sep='/'), dst)
-  return model_name
+  source = from_timm(src, model_name)
+  checkpoint.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
+  _record(dst, source)
+  return source.model_name
 
 
 def main(argv):
   if len(argv) != 3:
-    raise app.UsageError('Usage: python -m vit_jax.convert SRC DST')
+    raise ValueError('Usage: python -m vit_jax.convert SRC DST (SRC: a timm '
+                     'folder, weights file or hub name, or a .npz).')
   name = convert(argv[1], argv[2], FLAGS.model_name)
   print(f'{argv[1]} -> {argv[2]} ({name})')
 
@@ -308,4 +715,4 @@ if __name__ == '__main__':
   # Defined here, not on import, so that other modules may define theirs.
   flags.DEFINE_string('model_name', None,
                       'Preset (default: inferred from the shapes).')
-  app.run(main)
+  cli.run(main)
