@@ -174,9 +174,13 @@ def test_mismatched_checkpoint(reference, tmp_path):
   config, workdir, _ = reference
   config = config.copy_and_resolve_references()
   config.model.hidden_size = 12
+  with pytest.raises(ValueError, match=r"(?s)other settings.*"
+                     r"model.hidden_size: 10 -> 12.*--allow_config_change"):
+    train.train_and_evaluate(config, workdir)
+  # Allowed, the checkpoint still cannot fit: its shapes are listed.
   with pytest.raises(ValueError, match=r'(?s)does not fit.*\(checkpoint vs '
                      r'model\).*encoder_norm/bias: \(10,\) vs \(12,\)'):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(config, workdir, allow_config_change=True)
 
 
 @pytest.mark.parametrize('key,value,match', [

@@ -6,17 +6,21 @@ seeded by its position in the stream. Resuming at step s therefore continues
 exactly where step s left off, with no re-seen batches.
 """
 
+import contextlib
 import dataclasses
 import functools
+import os
 import socket
 from typing import Iterator
 
 from etils import epath
+import filelock
 import jax
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import cli
 from vit_jax import local_datasets  # registers the offline builders
 from vit_jax import task_labels
 
@@ -50,10 +54,11 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
     return tfds.ImageFolder(config.dataset)
   try:
     builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
-  except tfds.core.registered.DatasetNotFoundError as e:
+  except tfds.core.registered.DatasetNotFoundError:
+    name = config.dataset.split(':')[0].split('/')[0]
     raise ValueError(
-        f'Unknown dataset {config.dataset!r}: not a tfds name and not a '
-        'folder of {train,test}/<class>/<image> files.') from e
+        cli.closest(name, tfds.list_builders(), 'dataset') + ' (a tfds name, '
+        'or a folder of {train,test}/<class>/<image> files)') from None
   if builder.is_prepared():
     return builder
   if builder.MANUAL_DOWNLOAD_INSTRUCTIONS is None and not isinstance(
@@ -66,14 +71,30 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
         f'and this machine cannot download it ({why}). Prepare it where '
         f'there is network (`tfds build {config.dataset} --data_dir=DIR`), '
         'then copy DIR here and set --config.tfds_data_dir=DIR.')
-  try:
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        manual_dir=config.tfds_manual_dir))
-  except AssertionError as e:  # tfds' way to say manual files are missing
-    raise FileNotFoundError(
-        f'Dataset {config.dataset!r} needs files to be placed by hand: '
-        f'{e}') from e
+  with _preparation_lock(builder):
+    if builder.is_prepared():  # by another run while this one waited
+      return builder
+    try:
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          manual_dir=config.tfds_manual_dir))
+    except AssertionError as e:  # tfds' way to say manual files are missing
+      raise FileNotFoundError(
+          f'Dataset {config.dataset!r} needs files to be placed by hand: '
+          f'{e}') from None
   return builder
+
+
+@contextlib.contextmanager
+def _preparation_lock(builder):
+  """One run at a time prepares a dataset; tfds' own temporary folders
+  collide when two first runs start together. Local data dirs only."""
+  path = str(builder.data_dir)
+  if '://' in path:
+    yield
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with filelock.FileLock(path + '.lock'):
+    yield
 
 
 def _num_examples(builder, split: str) -> int:

@@ -26,6 +26,7 @@ import tqdm.auto
 
 from vit_jax import checkpoint
 from vit_jax import optim
+from vit_jax import run_record
 from vit_jax import sharding
 from vit_jax import storage
 from vit_jax.evaluators import registry
@@ -106,7 +107,8 @@ def _restore(manager, abstract, shardings):
   target = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
       abstract, shardings)
-  logging.info('Resuming from step %d in %s', step, manager.directory)
+  if jax.process_index() == 0:
+    print(f'Resuming from step {step} in {manager.directory}.', flush=True)
   return manager.restore(step, args=ocp.args.StandardRestore(target))
 
 
@@ -183,9 +185,10 @@ class Progress(periodic_actions.ReportProgress):
   """
 
   def __init__(self, config, writer, start_step: int):
+    # The first step is reported too: a short run still shows its start.
     super().__init__(num_train_steps=config.total_steps, writer=writer,
                      every_steps=config.progress_every or None,
-                     every_secs=None)
+                     every_secs=None, on_steps=[start_step + 1])
     self.config, self.schedule = config, optim.make_schedule(config)
     self.pending, self.extra = [], {}
     self.bar = tqdm.auto.tqdm(
@@ -256,11 +259,11 @@ def run_evaluators(evaluators, params, writer, step, prefix=''):
   return result
 
 
-def write_results(config, workdir, result, **extra):
-  """`{workdir}/results.json` (process 0), naming the model, dataset and
+def write_results(config, workdir, result, name='results.json', **extra):
+  """`{workdir}/{name}` (process 0), naming the model, dataset and
   pretrained checkpoint for `scripts/collect_results.py` (`extra` wins)."""
   if jax.process_index() == 0:
-    storage.write_json(storage.join(workdir, 'results.json'), {
+    storage.write_json(storage.join(workdir, name), {
         'model_name': config.model_name, 'dataset': config.dataset,
         'pretrained': pretrained_path(config), **result, **extra})
 
@@ -337,6 +340,7 @@ def run(task, config, workdir):
           'train.', flush=True)
     manager.close()
     return state.params
+  run_record.record_config(config, workdir)
   train_fn = jit_train_step(task, config, mesh, shardings)
   writer = _writer(workdir)
   if start == 0:
@@ -365,7 +369,8 @@ def evaluate(task, config, workdir, types=None):
   `{pretrained_dir}/{model_name}.npz`), else the latest state in `workdir`.
 
   Runs the evaluators of `config.evals` that training would run (those of
-  `types` only, if given) and writes `{workdir}/results.json`.
+  `types` only, if given) and writes `{workdir}/results.json`, or
+  `eval_results.json` beside a training run's results.
   """
   path = pretrained_path(config)
   manager = make_manager(config, workdir)
@@ -384,5 +389,6 @@ def evaluate(task, config, workdir, types=None):
   writer = _writer(workdir)
   result = run_evaluators(evaluators, params, writer, 0, prefix=f'{source}: ')
   writer.flush()
-  write_results(config, workdir, result, checkpoint=source)
+  write_results(config, workdir, result, run_record.results_name(workdir),
+                checkpoint=source)
   return result

@@ -12,6 +12,7 @@ import jax
 from ml_collections import config_flags
 import tensorflow as tf
 
+from vit_jax import cli
 from vit_jax import inference_time
 from vit_jax import train
 
@@ -31,6 +32,9 @@ flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1.')
 flags.DEFINE_integer('heartbeat_timeout', 100,
                      'Seconds without heartbeats after which a process counts '
                      'as lost and every other process stops with an error.')
+flags.DEFINE_bool('allow_config_change', False,
+                  'Resume a workdir although the model, data or schedule '
+                  'differ from those it recorded (config.json).')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -38,8 +42,6 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
-  if not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # progress lines are printed
   if FLAGS.distributed:
     jax.distributed.initialize(
         coordinator_address=FLAGS.coordinator_address,
@@ -50,8 +52,9 @@ def main(argv):
   if FLAGS.config.trainer == 'inference_time':
     inference_time.inference_time(FLAGS.config, FLAGS.workdir)
   else:
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                             allow_config_change=FLAGS.allow_config_change)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, config_flag='config')

@@ -7,6 +7,7 @@ or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 
 from vit_jax import loop
 from vit_jax import models
+from vit_jax import run_record
 from vit_jax import sharding
 from vit_jax.tasks import classification
 from vit_jax.tasks import lit
@@ -33,11 +34,18 @@ def make_task(config, workdir, *, training=True):
   return TASKS[name](config, workdir, mesh, training=training)
 
 
-def train_and_evaluate(config, workdir):
-  """Trains (resuming from `workdir`), evaluates, returns the final params."""
-  if config.trainer in EVALUATIONS:
-    return evaluate(config, workdir)
-  return loop.run(make_task(config, workdir), config, workdir)
+def train_and_evaluate(config, workdir, *, allow_config_change=False):
+  """Trains (resuming from `workdir`), evaluates, returns the final params.
+
+  Resuming a workdir whose recorded settings differ is refused unless
+  `allow_config_change`; a run that fails before its first checkpoint
+  leaves no workdir behind if it made it.
+  """
+  with run_record.removed_if_failed(workdir):
+    if config.trainer in EVALUATIONS:
+      return evaluate(config, workdir)
+    run_record.check_config(config, workdir, allow_change=allow_config_change)
+    return loop.run(make_task(config, workdir), config, workdir)
 
 
 def evaluate(config, workdir):
