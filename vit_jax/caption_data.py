@@ -141,4 +141,3 @@ def all_captions(config):
     ds = captioned_examples(config).map(lambda f: f['caption'])
     return [c.decode() for c in tfds.as_numpy(ds)]
   return [c for captions in config.lit.class_captions for c in captions]
-

@@ -53,23 +53,20 @@ _MIXERS = {
     'Mixer-L_16': (1024, 24, 512, 4096, 16),
 }
 
-# LiT (Zhai et al., 2022): a locked ViT and a text tower (models_lit).
-# name: (image preset, out_dim (image, text), text_model, text, tokenizer)
-_TEXT_TRANSFORMER_S = dict(width=384, num_layers=12, mlp_dim=1536,
-                           num_heads=6, vocab_size=16_000)
-_TEXT_TRANSFORMER_TI = dict(width=192, num_layers=12, mlp_dim=768,
-                            num_heads=3, vocab_size=16_000)
+# LiT (Zhai et al., 2022): a locked ViT and a text tower (models_lit); BERT
+# towers read the BERT tokenizer's ids, text transformers SentencePiece's.
+# name: (image preset, out_dim (image, text), text_model, text)
+_TEXT_S = dict(width=384, num_layers=12, mlp_dim=1536, num_heads=6,
+               vocab_size=16_000)
+_TEXT_TI = dict(width=192, num_layers=12, mlp_dim=768, num_heads=3,
+                vocab_size=16_000)
 _LITS = {
-    'LiT-B16B': ('ViT-B_16', (768, 768), 'bert', {'config': 'base'}, 'bert'),
+    'LiT-B16B': ('ViT-B_16', (768, 768), 'bert', {'config': 'base'}),
     # Trained twice as long, without the image projection.
-    'LiT-B16B_2': ('ViT-B_16', (None, 768), 'bert', {'config': 'base'},
-                   'bert'),
-    'LiT-L16L': ('ViT-L_16', (None, 1024), 'bert', {'config': 'large'},
-                 'bert'),
-    'LiT-L16S': ('ViT-L_16', (None, 1024), 'text_transformer',
-                 _TEXT_TRANSFORMER_S, 'sentencepiece'),
-    'LiT-L16Ti': ('ViT-L_16', (None, 1024), 'text_transformer',
-                  _TEXT_TRANSFORMER_TI, 'sentencepiece'),
+    'LiT-B16B_2': ('ViT-B_16', (None, 768), 'bert', {'config': 'base'}),
+    'LiT-L16L': ('ViT-L_16', (None, 1024), 'bert', {'config': 'large'}),
+    'LiT-L16S': ('ViT-L_16', (None, 1024), 'text_transformer', _TEXT_S),
+    'LiT-L16Ti': ('ViT-L_16', (None, 1024), 'text_transformer', _TEXT_TI),
 }
 
 
@@ -124,7 +121,7 @@ def _mixer(name, hidden, blocks, tokens_mlp, channels_mlp, patch):
   })
 
 
-def _lit(name, image, out_dim, text_model, text, tokenizer):
+def _lit(name, image, out_dim, text_model, text):
   """A LiT ConfigDict with the original's fields, plus the loss's inits."""
   return ml_collections.ConfigDict({
       'model_name': name,
@@ -132,7 +129,8 @@ def _lit(name, image, out_dim, text_model, text, tokenizer):
       'out_dim': out_dim,
       'text_model': text_model,
       'text': dict(text),
-      'pp': {'tokenizer_name': tokenizer, 'size': 224, 'max_len': 16},
+      'pp': {'tokenizer_name': 'bert' if text_model == 'bert' else
+                               'sentencepiece', 'size': 224, 'max_len': 16},
       # The published models store log(t); these only set a fresh model's.
       'temperature_init': 1.0,
       'bias_init': None,  # a float adds SigLIP's learned bias `b`

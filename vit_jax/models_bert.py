@@ -1,4 +1,4 @@
-"""BERT encoder (Devlin et al., 2019) with the parameter tree of the LiT release.
+"""BERT encoder (Devlin et al., 2019), with the LiT release's parameter tree.
 
 The published LiT checkpoints were written with flaxformer's `BertEncoder`;
 the modules here carry its names, so those files load without renaming:
@@ -133,17 +133,10 @@ class LayerSequence(nn.Module):
 
 class EncoderBlock(nn.Module):
   """Holds the `layer_sequence`, as flaxformer's EncoderBlock."""
-  num_layers: int
-  num_heads: int
-  intermediate_dim: int
-  dropout_rate: float = 0.
+  layer_sequence: LayerSequence
 
-  @nn.compact
   def __call__(self, x, mask, *, deterministic):
-    return LayerSequence(self.num_layers, self.num_heads,
-                         self.intermediate_dim, self.dropout_rate,
-                         name='layer_sequence')(
-                             x, mask, deterministic=deterministic)
+    return self.layer_sequence(x, mask, deterministic=deterministic)
 
 
 class BertEncoder(nn.Module):
@@ -176,5 +169,7 @@ class BertEncoder(nn.Module):
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     valid = token_ids != 0
     mask = valid[:, :, None] & valid[:, None, :]
-    return EncoderBlock(layers, heads, inner, self.dropout_rate,
-                        name='encoder_block')(x, mask, deterministic=not train)
+    # Unbound (parent=None): EncoderBlock adopts it as its `layer_sequence`.
+    blocks = LayerSequence(layers, heads, inner, self.dropout_rate, parent=None)
+    return EncoderBlock(blocks, name='encoder_block')(
+        x, mask, deterministic=not train)

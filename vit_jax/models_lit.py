@@ -55,11 +55,6 @@ class TextTransformer(nn.Module):
 
   Attributes:
     num_classes: width of the `head` projection; None for no head.
-    width: token width.
-    num_layers: encoder blocks.
-    mlp_dim: MLP hidden width.
-    num_heads: attention heads.
-    dropout_rate: dropout in training.
     vocab_size: rows of the token embedding.
   """
   num_classes: Optional[int] = None
@@ -112,7 +107,6 @@ class LitModel(nn.Module):
       of the preset, for `tokenizers.get_tokenizer`.
     temperature_init: initial exp(t).
     bias_init: initial `b`; None for no bias (the softmax loss).
-    model_name: preset name.
   """
   image: Any
   text_model: str

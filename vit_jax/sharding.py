@@ -43,9 +43,8 @@ def make_mesh(axes: Sequence, devices=None) -> Mesh:
                        devices=devices)
 
 
-def fsdp_spec(shape, axis_size: int, min_size: int = FSDP_MIN_SIZE,
-              axis: str = 'data') -> P:
-  """Splits the largest dim divisible by `axis_size` over `axis`.
+def fsdp_spec(shape, axis_size: int, min_size: int = FSDP_MIN_SIZE) -> P:
+  """Splits the largest dim divisible by `axis_size` over the `data` axis.
 
   Leaves under `min_size` elements, or with no divisible dim, are replicated.
   Among dims of equal size the first is split. Optimizer-state leaves have
@@ -55,7 +54,7 @@ def fsdp_spec(shape, axis_size: int, min_size: int = FSDP_MIN_SIZE,
     return P()
   for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
     if shape[dim] % axis_size == 0:
-      return P(*(None,) * dim, axis)
+      return P(*(None,) * dim, 'data')
   return P()
 
 
@@ -75,8 +74,7 @@ def tree_shardings(tree, mesh: Mesh, rules=(), strategy: str = 'replicate'):
       if regex.search(path) and len(spec) <= np.ndim(leaf):
         return NamedSharding(mesh, spec)
     if strategy == 'fsdp':
-      return NamedSharding(mesh, fsdp_spec(np.shape(leaf),
-                                           mesh.shape['data']))
+      return NamedSharding(mesh, fsdp_spec(np.shape(leaf), mesh.shape['data']))
     return NamedSharding(mesh, P())
 
   return jax.tree_util.tree_map_with_path(sharding, tree)

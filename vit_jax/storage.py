@@ -40,13 +40,14 @@ def join(base, name: str) -> str:
       base, name)
 
 
-def _fetch_url(url: str, dst: str, timeout: float):
+def _fetch(path: str, dst: str, timeout: float):
+  """Streams a URL or a bucket file into the local file `dst`."""
   try:
-    with urllib.request.urlopen(url, timeout=timeout) as src, \
-        open(dst, 'wb') as out:
+    with (urllib.request.urlopen(path, timeout=timeout) if _URL.match(path)
+          else epath.Path(path).open('rb')) as src, open(dst, 'wb') as out:
       shutil.copyfileobj(src, out, length=1 << 20)
   except OSError as e:  # URLError and socket timeouts are OSErrors
-    raise FileNotFoundError(f'Cannot download {url}: {e}') from e
+    raise FileNotFoundError(f'Cannot download {path}: {e}') from e
 
 
 def _version(path: str) -> str:
@@ -58,11 +59,6 @@ def _version(path: str) -> str:
     raise FileNotFoundError(f'Checkpoint file not found: {path}')
   stat = src.stat()
   return f'{stat.length}-{stat.mtime}'
-
-
-def _fetch_path(path: str, dst: str):
-  with epath.Path(path).open('rb') as f, open(dst, 'wb') as out:
-    shutil.copyfileobj(f, out, length=1 << 20)
 
 
 def local_copy(path, timeout: float = 60.) -> str:
@@ -85,10 +81,7 @@ def local_copy(path, timeout: float = 60.) -> str:
   os.makedirs(CACHE_DIR, exist_ok=True)
   tmp = f'{cached}.tmp-{secrets.token_hex(6)}'
   try:
-    if _URL.match(path):
-      _fetch_url(path, tmp, timeout)
-    else:
-      _fetch_path(path, tmp)
+    _fetch(path, tmp, timeout)
     os.replace(tmp, cached)
   finally:
     if os.path.exists(tmp):

@@ -69,15 +69,6 @@ def accuracies(train, test, num_classes, shots, seeds, l2_reg):
   return out
 
 
-def summarize(per_seed, prefix='fewshot'):
-  """Flat metrics: mean accuracy per shot count, and the per-seed lists."""
-  out = {}
-  for k, accs in per_seed.items():
-    out[f'{prefix}_{k}shot'] = float(np.mean(accs))
-    out[f'{prefix}_{k}shot_per_seed'] = accs
-  return out
-
-
 class Evaluator(common.Evaluator):
   """`type='fewshot'`: few-shot accuracies of a model's pre-logits.
 
@@ -97,8 +88,7 @@ class Evaluator(common.Evaluator):
     if settings.seeds < 1 or settings.l2_reg <= 0:
       raise ValueError(f'config.evals.{name} needs seeds ({settings.seeds}) '
                        f'>= 1 and l2_reg ({settings.l2_reg}) > 0.')
-    self.shots, self.seeds = shots, settings.seeds
-    self.l2_reg = settings.l2_reg
+    self.shots, self.seeds, self.l2_reg = shots, settings.seeds, settings.l2_reg
     self.dataset = settings.dataset or config.dataset
     self.splits = {s: common.split_data(config, self.dataset, s)
                    for s in (settings.train, settings.test)}
@@ -124,9 +114,13 @@ class Evaluator(common.Evaluator):
 
   def __call__(self, params):
     """Mean accuracy per shot count, and the per-seed lists."""
-    return summarize(accuracies(
+    out = {}
+    for k, accs in accuracies(
         self.features(params, self.train), self.features(params, self.test),
-        self.num_classes, self.shots, self.seeds, self.l2_reg))
+        self.num_classes, self.shots, self.seeds, self.l2_reg).items():
+      out[f'fewshot_{k}shot'] = float(np.mean(accs))
+      out[f'fewshot_{k}shot_per_seed'] = accs
+    return out
 
   def summary(self, metrics):
     return f'few-shot linear accuracy on {self.dataset}: ' + '  '.join(

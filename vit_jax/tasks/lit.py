@@ -37,15 +37,10 @@ def validate_lit_config(config):
                      f'{tokenizers.TOKENIZERS}.')
 
 
-def vocab_path(config, workdir):
-  """`config.lit.vocab_path`, else the vocabulary a LiT run fitted."""
-  return config.lit.vocab_path or storage.join(workdir, 'vocab.model')
-
-
 def get_tokenizer(config, workdir, fit=True):
   """The configured vocabulary; without one, SentencePiece fitted to the
   training captions once (`fit`), in `{workdir}/vocab.model`."""
-  path = vocab_path(config, workdir)
+  path = config.lit.vocab_path or storage.join(workdir, 'vocab.model')
   if fit and not config.lit.vocab_path and not epath.Path(path).exists():
     if config.model.pp.tokenizer_name != 'sentencepiece':
       raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
