@@ -1,6 +1,8 @@
 """timm <-> .npz conversion, against logits that timm computed itself.
 
-The golden files come from `scripts/make_timm_golden.py` (torch and timm);
+The golden files come from `scripts/make_timm_golden.py` (state dicts,
+GELU's tanh form) and `scripts/make_timm_config_golden.py` (folders written
+by timm's `save_for_hf`, timm's default exact GELU), with torch and timm;
 these tests need neither.
 """
 
@@ -35,6 +37,8 @@ def _logits(model, params):
 @pytest.mark.parametrize('name,preset', [('timm_vit', 'testing'),
                                          ('timm_mixer', 'Mixer-testing')])
 def test_timm_to_npz_gives_timms_logits(tmp_path, name, preset):
+  """Weights alone; timm ran them with GELU's tanh form, the presets' own
+  (the exact form, timm's default, is tested on the folders below)."""
   npz = str(tmp_path / 'model.npz')
   assert convert.convert(os.path.join(DATA, f'{name}.safetensors'),
                          npz) == preset  # inferred from the shapes
@@ -185,28 +189,30 @@ HF = os.path.join(DATA, 'timm_hf')
 HF_GOLDEN = np.load(os.path.join(DATA, 'timm_hf_logits.npz'))
 
 
-def _converted_logits(npz, source, **changes):
-  """The converted file's logits, its model built as convert says."""
-  config = convert.model_config(source.model_name, source.overrides)
-  config.update(changes)
-  model = models.VisionTransformer(**dict(config.to_dict(), num_classes=5))
+def _converted_logits(npz, model_name, gelu_approximate=None):
+  """The converted file's logits, its model built as predict builds it:
+  the preset with the recorded settings."""
+  config = preprocess.model_config(models.MODEL_CONFIGS[model_name],
+                                   preprocess.load_transform(npz))
+  if gelu_approximate is not None:
+    config['transformer']['gelu_approximate'] = gelu_approximate
+  model = models.VisionTransformer(**dict(config, num_classes=5))
   return np.asarray(model.apply({'params': checkpoint.load(npz)},
                                 HF_GOLDEN['images'], train=False))
 
 
-@pytest.mark.parametrize('case,overrides', [
+@pytest.mark.parametrize('case,settings', [
     ('token', {'transformer': {'gelu_approximate': False}}),
-    ('token_tanh', {}),  # act_layer='gelu_tanh': the preset's own GELU
+    ('token_tanh', None),  # act_layer='gelu_tanh': the preset's own GELU
     ('token_fc_norm', {'transformer': {'gelu_approximate': False}}),
     ('gap', {'classifier': 'gap', 'transformer': {'gelu_approximate': False}}),
 ])
-def test_timm_folder_gives_timms_logits(tmp_path, case, overrides):
+def test_timm_folder_gives_timms_logits(tmp_path, case, settings):
   npz = str(tmp_path / 'model.npz')
   assert convert.convert(os.path.join(HF, case), npz) == 'testing'
-  source = convert.from_timm(os.path.join(HF, case))
-  assert source.overrides == overrides
-  np.testing.assert_allclose(_converted_logits(npz, source), HF_GOLDEN[case],
-                             rtol=1e-5, atol=1e-5)
+  assert preprocess.load_transform(npz).get('model') == settings
+  np.testing.assert_allclose(_converted_logits(npz, 'testing'),
+                             HF_GOLDEN[case], rtol=1e-5, atol=1e-5)
 
 
 def test_exact_gelu_is_needed(tmp_path):
@@ -214,11 +220,9 @@ def test_exact_gelu_is_needed(tmp_path):
   by far more than the tolerance that the exact one meets."""
   npz = str(tmp_path / 'model.npz')
   convert.convert(os.path.join(HF, 'token'), npz)
-  source = convert.from_timm(os.path.join(HF, 'token'))
-  tanh = _converted_logits(
-      npz, source, transformer={'gelu_approximate': True})
+  tanh = _converted_logits(npz, 'testing', gelu_approximate=True)
   assert np.abs(tanh - HF_GOLDEN['token']).max() > 1e-4
-  exact = _converted_logits(npz, source)
+  exact = _converted_logits(npz, 'testing')
   assert np.abs(exact - HF_GOLDEN['token']).max() < 1e-5
 
 
@@ -232,8 +236,7 @@ def test_avg_pooling_with_class_token_is_refused(tmp_path):
   shutil.copy(os.path.join(HF, 'avg_cls', 'model.safetensors'), tmp_path)
   npz = str(tmp_path / 'bare.npz')
   convert.convert(str(tmp_path / 'model.safetensors'), npz)
-  source = convert.from_timm(str(tmp_path / 'model.safetensors'))
-  wrong = _converted_logits(npz, source)
+  wrong = _converted_logits(npz, 'testing')
   assert np.abs(wrong - HF_GOLDEN['avg_cls']).max() > 0.1
 
 
@@ -350,13 +353,13 @@ def test_eval_transform_and_settings_are_recorded(tmp_path, capsys):
   assert recorded['input_size'] == [3, 32, 32]
   assert recorded['crop_pct'] == 0.9 and recorded['interpolation'] == 'bicubic'
   assert recorded['mean'] == [0.5] * 3 and recorded['std'] == [0.5] * 3
-  settings = {'classifier': 'gap', 'transformer': {'gelu_approximate': False}}
-  if 'model' in preprocess.TRANSFORM_KEYS:
-    assert recorded['model'] == settings
-  else:  # the sidecar cannot hold them: said on stderr
-    err = capsys.readouterr().err
-    assert (f"Note: {dst} is testing with classifier='gap', "
-            'transformer.gelu_approximate=False') in err
+  assert recorded['model'] == {'classifier': 'gap',
+                               'transformer': {'gelu_approximate': False}}
+  assert (f"Note: {dst} is testing with classifier='gap', "
+          'transformer.gelu_approximate=False') in capsys.readouterr().err
+  # Converted again, as a Mixer: no record, and the old one is gone.
+  convert.convert(os.path.join(DATA, 'timm_mixer.safetensors'), dst)
+  assert preprocess.load_transform(dst) is None
 
 
 def test_pth_without_torch_says_how_to_install(monkeypatch):

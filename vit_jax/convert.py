@@ -29,7 +29,6 @@ from typing import Any, Dict, NamedTuple, Optional
 
 from absl import flags
 from flax import traverse_util
-import ml_collections
 import numpy as np
 
 from vit_jax import checkpoint
@@ -364,8 +363,11 @@ def _classifier(settings) -> str:
     return 'gap'
   if pool == 'token':
     raise _unsupported('class_token', cls, "global_pool='token' needs it")
+  if pool == 'map':
+    raise _unsupported('global_pool', pool, "timm's attention pooling "
+                       '(attn_pool) is not converted')
   raise _unsupported('global_pool', pool, "vit_jax converts 'token' and "
-                     "'avg' pooling only (not timm's attention pooling)")
+                     "'avg' pooling only")
 
 
 def _gelu_approximate(act) -> bool:
@@ -618,9 +620,8 @@ def _check_posembed(flat: Flat, path: str) -> None:
 
 def _differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
   """The part of `overrides` that preset `name` does not already set."""
-  preset = model_config(name, {})
-  preset.transformer.gelu_approximate = preset.transformer.get(
-      'gelu_approximate', True)  # the Encoder's default
+  preset = models.MODEL_CONFIGS[name].to_dict()
+  preset['transformer'].setdefault('gelu_approximate', True)  # the Encoder's
   out = {}
   for key, value in overrides.items():
     if isinstance(value, dict):
@@ -630,14 +631,6 @@ def _differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
     elif preset.get(key) != value:
       out[key] = value
   return out
-
-
-def model_config(name: str, overrides: Dict[str, Any]):
-  """Preset `name`'s config with `overrides` (nested dicts) applied, as a
-  converted file's model needs them."""
-  config = ml_collections.ConfigDict(models.MODEL_CONFIGS[name].to_dict())
-  config.update(overrides)
-  return config
 
 
 def _flags(overrides: Dict[str, Any], prefix: str = '') -> list:
@@ -673,17 +666,16 @@ def _record(dst: str, source: Source) -> None:
   sidecar = dict(source.transform)
   if source.overrides:
     sidecar['model'] = source.overrides
-  kept = [k for k in sidecar if k in preprocess.TRANSFORM_KEYS]
-  stale = preprocess.transform_path(dst)
-  if kept:
+  path = preprocess.transform_path(dst)
+  if sidecar:
     preprocess.save_transform(dst, sidecar)
-  elif stale.exists():  # it described the file that `dst` replaces
-    stale.unlink()
-  if source.overrides and 'model' not in kept:
+  elif path.exists():  # it described the file that `dst` replaces
+    path.unlink()
+  if source.overrides:
     print(f'Note: {dst} is {source.model_name} with '
-          f'{", ".join(_flags(source.overrides))}, as timm computes it; build '
-          f'its model with vit_jax.convert.model_config({source.model_name!r}'
-          f', {source.overrides}).', file=sys.stderr)
+          f'{", ".join(_flags(source.overrides))}, as timm computes it; '
+          f'{path.name} records them for predict '
+          '(preprocess.model_config).', file=sys.stderr)
 
 
 def convert(src: str, dst: str, model_name: str = None) -> str:
