@@ -73,7 +73,7 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
         'then copy DIR here and set --config.tfds_data_dir=DIR.')
   with _preparation_lock(builder):
     if builder.is_prepared():  # by another run while this one waited
-      return builder
+      return tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
     try:
       builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
           manual_dir=config.tfds_manual_dir))
