@@ -177,6 +177,10 @@ def test_transform_from_record_defaults_and_overrides():
   assert preprocess.resolve(224).describe() == (
       'resize to 224 x 224 (bilinear), mean (0.5, 0.5, 0.5), '
       'std (0.5, 0.5, 0.5)')
+  # A record of model settings alone (weights converted without timm's
+  # config.json) says nothing of the transform: the original's is used.
+  assert preprocess.resolve(224, {'model': {'classifier': 'gap'}}) == (
+      preprocess.resolve(224))
   with pytest.raises(ValueError, match="interpolation 'bicubc'; did you "
                      'mean bicubic'):
     preprocess.resolve(64, record, interpolation='bicubc')

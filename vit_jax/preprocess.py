@@ -139,8 +139,10 @@ def recorded_size(recorded: Optional[Mapping[str, Any]]) -> Optional[int]:
 def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
             **overrides) -> Transform:
   """The transform at `size`: `overrides` that are not None, over the
-  record's keys, over timm's defaults (with a record) or `GOOGLE`."""
-  fields = dict(TIMM_DEFAULTS if recorded is not None else GOOGLE)
+  record's keys, over timm's defaults (with a recorded transform) or
+  `GOOGLE` (none: no record, or one of model settings only)."""
+  timm = any(k != 'model' for k in recorded or {})
+  fields = dict(TIMM_DEFAULTS if timm else GOOGLE)
   fields.update({k: recorded[k] for k in fields if k in (recorded or {})})
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return Transform(size=size, **fields)
