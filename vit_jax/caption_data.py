@@ -89,15 +89,13 @@ def check_class_captions(config):
 
 def _class_caption(label, seed, class_captions):
   """One of `class_captions[label]`, drawn with the stateless `seed`."""
-  table = tf.ragged.constant([list(c) for c in class_captions])
-  options = table[label]
+  options = tf.ragged.constant([list(c) for c in class_captions])[label]
   i = tf.random.stateless_uniform([], seed, 0, tf.size(options, tf.int32),
                                   dtype=tf.int32)
   return options[i]
 
 
-def train_iterator(config, tokenizer, *, batch_size, start_step=0,
-                   rows=None):
+def train_iterator(config, tokenizer, *, batch_size, start_step=0, rows=None):
   """This process's rows of the global batches {'image', 'tokens'}, from
   step `start_step` on (see `input_pipeline.shuffled_stream`)."""
   base = captioned_examples(config)

@@ -3,10 +3,8 @@
 A checkpoint is an .npz in the original release's format (local, gs:// or
 https://) or an Orbax workdir; `checkpoint_files` reads and writes them, and
 its public names are importable from here, where the original has them.
-`load_params` fits what it reads to the model: blocks stacked or not, a LiT
-file's image tower, the head, `pre_logits` and the position tables, and says
-on stderr what it changed. `model_config_for` and `image_size` tell the
-model that a checkpoint was trained as, for callers that build it.
+`model_config_for` and `image_size` tell the model that a checkpoint was
+trained as, for callers that build it.
 """
 
 import os
@@ -45,14 +43,6 @@ def _note(path: str, action: str) -> None:
 
 def _has_pre_logits(params: Mapping[str, Any]) -> bool:
   return 'kernel' in (params.get('pre_logits') or {})
-
-
-def _image_tower(params: Params, path: str) -> Params:
-  """The `img` subtree of a LiT file; other trees unchanged."""
-  if 'img' in params and 'txt' in params:
-    _note(path, 'took the LiT image tower (img)')
-    return params['img']
-  return params
 
 
 def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
@@ -253,8 +243,9 @@ def load_params(path,
                      f'position tables {sorted(tables)}: pass the config of '
                      'the model of init_params.')
   params = read_params(path) if found is None else found
-  if 'img' not in init_params:
-    params = _image_tower(params, path)
+  if 'img' not in init_params and 'img' in params and 'txt' in params:
+    _note(path, 'took the LiT image tower (img)')
+    params = params['img']
   params = scan_like(params, init_params)
   _fit_head(params, init_params, new_head, path)
   _check_unresizable(traverse_util.flatten_dict(params, sep='/'),

@@ -48,9 +48,6 @@ class CheckpointError(ValueError):
   """A checkpoint that cannot be read, or that does not fit the model."""
 
 
-# Files.
-
-
 def _groupnorm_shapes(flat: Mapping[str, Any], to_file: bool) -> Params:
   """GroupNorm scale/bias: (1, 1, 1, C) in files, (C,) in Linen."""
   def reshape(key, value):

@@ -55,7 +55,6 @@ class TextTransformer(nn.Module):
 
   Attributes:
     num_classes: width of the `head` projection; None for no head.
-    vocab_size: rows of the token embedding.
   """
   num_classes: Optional[int] = None
   width: int = 512

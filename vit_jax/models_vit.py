@@ -70,10 +70,9 @@ class AddPositionEmbs2D(nn.Module):
     fix = 'by 1-D interpolation along axis 1 (`load_pretrained` does)'
     row = _posemb_table(self, 'pos_embedding_row', (1, h, d // 2), fix)
     col = _posemb_table(self, 'pos_embedding_col', (1, w, d // 2), fix)
-    pe = jnp.concatenate([
-        jnp.broadcast_to(row[:, :, None], (1, h, w, d // 2)),
-        jnp.broadcast_to(col[:, None, :], (1, h, w, d // 2)),
-    ], axis=-1).reshape(1, h * w, d)
+    # Row-major: patch i * w + j gets row i and column j.
+    pe = jnp.concatenate([jnp.repeat(row, w, axis=1),
+                          jnp.tile(col, (1, h, 1))], axis=-1)
     return inputs + _pad_prefix(pe, inputs.shape[1] - h * w).astype(
         inputs.dtype)
 
@@ -106,8 +105,7 @@ def posemb_sincos_2d(h, w, width, temperature=10_000., dtype=jnp.float32):
   quarter = width // 4
   omega = 1. / temperature**(np.arange(quarter) / max(quarter - 1, 1))
   y, x = np.mgrid[:h, :w]
-  x = np.outer(x.ravel(), omega)
-  y = np.outer(y.ravel(), omega)
+  x, y = (np.outer(v.ravel(), omega) for v in (x, y))
   pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
   return jnp.asarray(pe[None], dtype)
 
@@ -217,9 +215,6 @@ class DropPath(nn.Module):
   In training each sample's branch is kept with probability 1 - rate and
   then scaled by 1 / (1 - rate), so its expectation is unchanged; at
   evaluation it is the identity. Uses the 'dropout' rng.
-
-  Attributes:
-    rate: probability of dropping a sample's branch, in [0, 1).
   """
   rate: float = 0.
 
@@ -255,13 +250,11 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, *, deterministic):
-    out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim
-    x = nn.Dense(self.mlp_dim, kernel_init=self.kernel_init,
-                 bias_init=self.bias_init, dtype=self.dtype)(inputs)
-    x = nn.gelu(x, approximate=self.gelu_approximate)
+    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init,
+                              bias_init=self.bias_init, dtype=self.dtype)
+    x = nn.gelu(dense(self.mlp_dim)(inputs), approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
-    x = nn.Dense(out_dim, kernel_init=self.kernel_init,
-                 bias_init=self.bias_init, dtype=self.dtype)(x)
+    x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -270,7 +263,6 @@ class Encoder1DBlock(nn.Module):
 
   Attributes:
     dropout_rate: dropout after attention and in the MLP.
-    attention_dropout_rate: dropout on the attention weights.
     relative_max_distance: if set, add a learned relative position bias
       (`RelativePositionBias`) with this clip distance to the attention
       logits; then the call needs `grid`.
@@ -476,7 +468,6 @@ class VisionTransformer(nn.Module):
     head_bias_init: initial bias of the zero-initialized head.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
       stay float32; LayerNorm statistics, softmax and logits are float32.
-    model_name: preset name, for reference only.
   """
   num_classes: Optional[int]
   patches: Any

@@ -28,15 +28,6 @@ def check_method(method: str) -> None:
                      f'{RESIZE_METHODS}.')
 
 
-def _check_posemb(posemb, method: str) -> np.ndarray:
-  check_method(method)
-  posemb = np.asarray(posemb)
-  if posemb.ndim != 3 or posemb.shape[0] != 1:
-    raise ValueError(f'Expected a (1, tokens, width) position embedding, got '
-                     f'{posemb.shape}.')
-  return posemb
-
-
 def resize_posemb_grid(posemb,
                        *,
                        old_grid: Optional[Sequence[int]] = None,
@@ -53,7 +44,11 @@ def resize_posemb_grid(posemb,
   antialias=False)`; or 'linear_zoom', the original's
   `scipy.ndimage.zoom(..., order=1)`, which aligns the end entries instead.
   """
-  posemb = _check_posemb(posemb, method)
+  check_method(method)
+  posemb = np.asarray(posemb)
+  if posemb.ndim != 3 or posemb.shape[0] != 1:
+    raise ValueError(f'Expected a (1, tokens, width) position embedding, got '
+                     f'{posemb.shape}.')
   n_cls = int(has_class_token)
   cls, tokens = posemb[:, :n_cls], posemb[0, n_cls:]
   new_grid = tuple(int(n) for n in new_grid)
@@ -87,9 +82,6 @@ def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
   The class token, if any, counts in both N and `num_tokens`; see
   `resize_posemb_grid`.
   """
-  posemb = _check_posemb(posemb, method)
-  n_cls = int(has_class_token)
-  old = square_side(posemb.shape[1] - n_cls, 'Position embedding')
-  new = square_side(num_tokens - n_cls, 'Target')
-  return resize_posemb_grid(posemb, old_grid=(old, old), new_grid=(new, new),
+  new = square_side(num_tokens - int(has_class_token), 'Target')
+  return resize_posemb_grid(posemb, new_grid=(new, new),
                             has_class_token=has_class_token, method=method)

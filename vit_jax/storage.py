@@ -92,8 +92,7 @@ def local_copy(path, timeout: float = 60.) -> str:
 def write_json(path, data) -> None:
   """`data` as JSON at `path` (local or in a bucket), atomically."""
   epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
-  text = json.dumps(data)
-  write_atomic(path, lambda f: f.write(text.encode()))
+  write_atomic(path, lambda f: f.write(json.dumps(data).encode()))
 
 
 def write_atomic(path, write) -> None:

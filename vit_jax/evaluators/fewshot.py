@@ -20,11 +20,8 @@ BIAS_FEATURE = 100.
 
 
 def fit_lsr(x, labels, num_classes, l2_reg):
-  """The least-squares map of whitened `x` (plus a bias) to {-1, 1} targets.
-
-  Returns:
-    (mean, std, weights): apply with `predict_lsr`.
-  """
+  """The least-squares map of whitened `x` (plus a bias) to {-1, 1} targets:
+  (mean, std, weights), to apply with `predict_lsr`."""
   x = np.asarray(x, np.float64)
   mean, std = x.mean(0), x.std(0) + 1e-5
   x = np.pad((x - mean) / std, ((0, 0), (0, 1)), constant_values=BIAS_FEATURE)
@@ -59,9 +56,8 @@ def pick_shots(labels, num_classes, shots, seed):
 
 def accuracies(train, test, num_classes, shots, seeds, l2_reg):
   """{shots: [test accuracy per seed]} of `(features, labels)` pairs."""
-  out = {}
+  out = {k: [] for k in shots}
   for k in shots:
-    out[k] = []
     for seed in range(seeds):
       idx = pick_shots(train[1], num_classes, k, seed)
       fit = fit_lsr(train[0][idx], train[1][idx], num_classes, l2_reg)

@@ -86,9 +86,8 @@ def abstract_params(config, model):
 
 def frozen_image_tower(params):
   """Optimizer labels: the image tower frozen, the rest trained."""
-  flat = traverse_util.flatten_dict(params)
-  return traverse_util.unflatten_dict(
-      {k: optim.FROZEN if k[0] == 'img' else optim.TRAINED for k in flat})
+  return traverse_util.path_aware_map(
+      lambda key, _: optim.FROZEN if key[0] == 'img' else optim.TRAINED, params)
 
 
 class Task:
