@@ -12,6 +12,7 @@ import pytest
 import helpers
 from vit_jax import checkpoint
 from vit_jax import models
+from vit_jax import preprocess
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
@@ -295,3 +296,23 @@ def test_command_line(tmp_path):
        f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}'],
       capture_output=True, text=True, env=env)
   assert bad.returncode != 0 and "Unknown model 'nope'" in bad.stderr
+
+
+def test_command_line_prepares_images_as_predict(tmp_path):
+  """Image files go through the checkpoint's recorded transform and the
+  flags, as in `predict`, and the choice is said on stderr."""
+  _, params, _ = _testing_model()
+  checkpoint.save(params, tmp_path / 'testing.npz')
+  preprocess.save_transform(tmp_path / 'testing.npz', {
+      'input_size': [3, 32, 32], 'crop_pct': 0.5, 'interpolation': 'bicubic',
+      'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]})
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.analysis', '--model_name=testing',
+       f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}',
+       '--crop_pct=0.8', os.path.join(ROOT, 'tests/data/predict_image.jpg')],
+      capture_output=True, text=True, env=env, check=True)
+  assert 'the 1 image files given' in out.stdout
+  assert ('Preprocessing: resize short side to 40 (bicubic), center crop 32, '
+          'mean (0.485, 0.456, 0.406)') in out.stderr
+  assert '[from testing.transform.json; --crop_pct given]' in out.stderr

@@ -82,7 +82,7 @@ def predict(model, params, images):
   return np.asarray(jax.nn.softmax(logits.astype(np.float32)))
 
 
-def _transform(path, recorded, size):
+def transform_for(path, recorded, size):
   """The transform of the checkpoint's record and the flags, said on stderr."""
   overrides = preprocess.flag_overrides()
   transform = preprocess.resolve(size, recorded, **overrides)
@@ -100,7 +100,7 @@ def main(argv):
   model, params, size = load_classifier(
       FLAGS.model_name, FLAGS.checkpoint,
       FLAGS.size or preprocess.recorded_size(recorded), recorded)
-  transform = _transform(FLAGS.checkpoint, recorded, size)
+  transform = transform_for(FLAGS.checkpoint, recorded, size)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:

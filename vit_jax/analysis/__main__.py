@@ -6,6 +6,8 @@ r"""The paper's Figures 6 and 7 for a checkpoint: four PNGs and analysis.json.
       --checkpoint=/tmp/vit_default/ViT-fmnist.npz --out=/tmp/figures
 
 The model is a preset (`--model_name`) or a config file's (`--config`).
+Image files are prepared as `predict` prepares them (the checkpoint's
+`NAME.transform.json`, `--crop_pct`, `--interpolation`...).
 Without image files the attention figures use the first `--num_images` test
 images of the config's dataset, or, with a preset alone, Gaussian noise;
 `analysis.json` says which. The embedding figures need no images.
@@ -32,6 +34,7 @@ import tensorflow as tf
 from vit_jax import cli
 from vit_jax import models
 from vit_jax import predict
+from vit_jax import preprocess
 from vit_jax.analysis import paper_figures
 
 FLAGS = flags.FLAGS
@@ -46,6 +49,7 @@ flags.DEFINE_integer('num_images', 128,
 flags.DEFINE_integer('rollout_images', 8, 'Images in the rollout figure.')
 flags.DEFINE_bool('gray', False, 'The model was trained on gray images: '
                   'sum its filters over the colour channels first.')
+preprocess.define_flags()  # how image files are prepared, as for predict
 
 
 def model_config():
@@ -59,10 +63,11 @@ def model_config():
   return models.MODEL_CONFIGS[FLAGS.model_name]
 
 
-def inputs(paths, size):
+def inputs(paths, size, recorded):
   """(images, a note saying what they are)."""
   if paths:
-    return (np.stack([predict.read_image(p, size) for p in paths]),
+    transform = predict.transform_for(FLAGS.checkpoint, recorded, size)
+    return (np.stack([predict.read_image(p, transform) for p in paths]),
             f'the {len(paths)} image files given')
   if FLAGS.config is not None:
     where = f'{FLAGS.config.dataset}:{FLAGS.config.pp.test}'
@@ -80,9 +85,10 @@ def main(argv):
   tf.config.set_visible_devices([], 'GPU')  # TF only decodes images
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  config = model_config()
+  recorded = preprocess.load_transform(FLAGS.checkpoint)
+  config = preprocess.model_config(model_config(), recorded)
   model, params, size = paper_figures.load_model(config, FLAGS.checkpoint)
-  images, note = inputs(argv[1:], size)
+  images, note = inputs(argv[1:], size, recorded)
   print(f'Attention figures from {note}; embedding figures from the '
         'parameters alone.', flush=True)
   results = paper_figures.analyze(model, params, images,
