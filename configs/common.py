@@ -20,6 +20,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.test = 'test'  # split
   config.pp.crop = 384  # image side fed to the model
   config.pp.resize = ml_collections.config_dict.placeholder(int) # eval: resize to this, then central crop
+  # eval, timm's meaning: short side to crop / crop_pct, then a central crop
+  config.pp.crop_pct = ml_collections.config_dict.placeholder(float)
+  config.pp.interpolation = 'bilinear'  # of that resize (tf.image.resize)
+  # None: pixels in [-1, 1] (Google's weights); timm's: ImageNet mean/std
+  config.pp.mean = ml_collections.config_dict.placeholder(tuple)
+  config.pp.std = ml_collections.config_dict.placeholder(tuple)
   config.pp.area_min = 0.05  # inception crop: smallest area kept
   config.pp.flip = True  # random horizontal flips in training
   config.pp.label = ''  # a vit_jax.task_labels task; '' is the feature 'label'

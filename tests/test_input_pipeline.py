@@ -1,9 +1,11 @@
 """Input pipeline: local builder, shapes, ranges, determinism, resume, eval."""
 
+import io
 import os
 import time
 
 import numpy as np
+import ml_collections
 from PIL import Image
 import pytest
 import tensorflow_datasets as tfds
@@ -11,6 +13,7 @@ import tensorflow_datasets as tfds
 from conftest import fake_fashion_mnist, write_idx
 from vit_jax import input_pipeline
 from vit_jax import local_datasets
+from vit_jax import preprocess
 
 
 def _info(config):
@@ -138,6 +141,50 @@ def test_eval_central_crop(tiny_config):
   assert batch['image'].shape == (4, 32, 32, 3)
 
 
+def _smooth_image(h, w):
+  """A smooth colour image (resampling filters then differ little)."""
+  y, x = np.mgrid[:h, :w]
+  return np.stack([255 * x / w, 255 * y / h, 127 + 100 * np.sin(x / 9.)],
+                  -1).astype(np.uint8)
+
+
+@pytest.mark.parametrize('interpolation', ['bilinear', 'bicubic'])
+def test_eval_crop_pct_as_timm(interpolation):
+  """pp.crop_pct: the short side to crop / crop_pct, a central crop, and
+  ImageNet normalization, close to timm's (PIL) transform of the image."""
+  image = _smooth_image(150, 200)
+  pp = dict(crop=64, crop_pct=0.875, interpolation=interpolation,
+            mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+  got = input_pipeline.preprocess_eval(image, ml_collections.ConfigDict(pp))
+  want = preprocess.prepare(
+      _png(image),
+      preprocess.Transform(64, crop_pct=0.875, crop_mode='center',
+                           interpolation=interpolation, mean=pp['mean'],
+                           std=pp['std']))
+  assert got.shape == want.shape == (64, 64, 3)
+  # Same geometry and normalization; TF's and PIL's filters differ a little.
+  np.testing.assert_allclose(got, want, atol=0.02)  # measured 0.009
+  assert np.abs(np.asarray(got) - want).mean() < 0.008  # measured 0.0044
+  # Squashing instead (no crop_pct) puts other pixels there.
+  del pp['crop_pct']
+  squashed = input_pipeline.preprocess_eval(image,
+                                            ml_collections.ConfigDict(pp))
+  assert np.abs(np.asarray(squashed) - want).max() > 0.3
+
+
+def test_eval_default_is_the_original_minus_one_to_one():
+  image = _smooth_image(32, 32)
+  got = input_pipeline.preprocess_eval(
+      image, ml_collections.ConfigDict(dict(crop=32)))
+  np.testing.assert_allclose(got, image / 127.5 - 1, atol=1e-6)
+
+
+def _png(image):
+  out = io.BytesIO()
+  Image.fromarray(image).save(out, format='PNG')
+  return out.getvalue()
+
+
 def _image_folder(root, num_train, num_test=3):
   """{root}/{train,test}/{cat,dog}/{i}.png: random 20x24 images."""
   rng = np.random.default_rng(0)
@@ -191,7 +238,7 @@ def test_image_folder_sub_splits(tmp_path, tiny_config):
 
 def test_unknown_dataset(tiny_config):
   tiny_config.dataset = 'no_such_dataset_xyz'
-  with pytest.raises(ValueError, match='Unknown dataset'):
+  with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
     input_pipeline.get_builder(tiny_config)
 
 

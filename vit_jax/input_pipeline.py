@@ -149,19 +149,48 @@ def preprocess_train(image, seed, pp):
   if pp.flip:
     seed2 = tf.random.experimental.stateless_fold_in(seed, 1)
     image = tf.image.stateless_random_flip_left_right(image, seed2)
-  return tf.clip_by_value(image, -1.0, 1.0)
+  return _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
+
+
+def _normalize(image, pp):
+  """[-1, 1] (the original's, mean = std = 0.5), or `pp.mean`/`pp.std` of
+  pixels in [0, 1] (timm's weights: ImageNet's)."""
+  if pp.get('mean') is None and pp.get('std') is None:
+    return image
+  mean = tf.constant(pp.get('mean') or (0.5,) * 3, tf.float32)
+  std = tf.constant(pp.get('std') or (0.5,) * 3, tf.float32)
+  return ((image + 1.0) / 2.0 - mean) / std
+
+
+def _short_side_then_crop(image, pp):
+  """timm's eval transform: the short side to crop / pp.crop_pct (floor),
+  antialiased `pp.interpolation`, then a central pp.crop."""
+  scale = int(pp.crop / pp.crop_pct)
+  shape = tf.cast(tf.shape(image)[:2], tf.float32)
+  ratio = scale / tf.reduce_min(shape)
+  # The long side as torchvision's Resize computes it (truncated).
+  hw = tf.maximum(tf.cast(shape * ratio, tf.int32), scale)
+  image = tf.image.resize(image, hw, method=pp.get('interpolation') or
+                          'bilinear', antialias=True)
+  top = tf.cast(tf.round(tf.cast(hw[0] - pp.crop, tf.float32) / 2), tf.int32)
+  left = tf.cast(tf.round(tf.cast(hw[1] - pp.crop, tf.float32) / 2), tf.int32)
+  return image[top:top + pp.crop, left:left + pp.crop]
 
 
 def preprocess_eval(image, pp):
-  """Resize to pp.crop, or to pp.resize then a central pp.crop."""
+  """Resize to pp.crop; or to pp.resize then a central pp.crop; or, with
+  pp.crop_pct, the short side to pp.crop / pp.crop_pct then a central crop
+  (timm's meaning). Then normalized (`_normalize`)."""
   image = _to_float(image)
-  if pp.get('resize'):
+  if pp.get('crop_pct'):
+    image = _short_side_then_crop(image, pp)
+  elif pp.get('resize'):
     image = tf.image.resize(image, [pp.resize, pp.resize])
     off = (pp.resize - pp.crop) // 2
     image = image[off:off + pp.crop, off:off + pp.crop]
   else:
     image = tf.image.resize(image, [pp.crop, pp.crop])
-  return tf.clip_by_value(image, -1.0, 1.0)
+  return _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
 
 
 def _decode(features, channels, label=''):

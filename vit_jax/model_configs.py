@@ -6,6 +6,8 @@ LitModel for 'LiT-' and a VisionTransformer otherwise.
 
 import ml_collections
 
+from vit_jax import cli
+
 # name: (hidden_size, mlp_dim, num_heads, num_layers, patch, dropout_rate,
 #        classifier)
 _VITS = {
@@ -137,12 +139,27 @@ def _lit(name, image, out_dim, text_model, text):
   })
 
 
+class UnknownPreset(KeyError, ValueError):
+  """A preset name that does not exist; says the closest ones."""
+
+  def __str__(self):
+    return self.args[0]
+
+
+class Presets(dict):
+  """The presets by name; an unknown name raises `UnknownPreset` (a
+  KeyError that the command lines print as one line)."""
+
+  def __missing__(self, name):
+    raise UnknownPreset(cli.closest(name, self, 'model preset'))
+
+
 # Locked: a typo in an override fails at once instead of adding a field.
-MODEL_CONFIGS = {
+MODEL_CONFIGS = Presets({
     config.model_name: config.lock() for config in [
         *(_vit(name, *row) for name, row in _VITS.items()),
         *(_hybrid(name, *row) for name, row in _HYBRIDS.items()),
         *(_mixer(name, *row) for name, row in _MIXERS.items()),
         *(_lit(name, *row) for name, row in _LITS.items()),
     ]
-}
+})

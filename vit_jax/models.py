@@ -4,10 +4,12 @@ Run `python -m vit_jax.models --name=ViT-B_16` to print a preset's
 parameter count and output shape.
 """
 
+from absl import flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import cli
 from vit_jax import models_lit
 from vit_jax import models_mixer
 from vit_jax import models_vit
@@ -24,8 +26,6 @@ def get_model(name: str, **kw) -> nn.Module:
   Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, all others
   VisionTransformers.
   """
-  if name not in MODEL_CONFIGS:
-    raise ValueError(f'Unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}.')
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
   return model_class(name)(**config)
 
@@ -64,18 +64,16 @@ def _main(argv):
     return
   model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)
   shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
-  images = jax.random.uniform(jax.random.key(0), shape, minval=-1, maxval=1)
-  logits, _ = jax.jit(lambda x: model.init_with_output(
-      jax.random.key(1), x, train=False))(images)
+  logits, _ = jax.eval_shape(lambda: model.init_with_output(  # no compute
+      jax.random.key(1), jnp.zeros(shape), train=False))
   print(f'{FLAGS.name}: {count_params(model, shape):,} parameters; images '
         f'{shape} -> logits {tuple(logits.shape)}')
 
 
 if __name__ == '__main__':
-  from absl import app, flags
   flags.DEFINE_string('name', 'ViT-B_16', 'Model preset.')
   flags.DEFINE_integer('num_classes', 1000, 'Head size.')
   flags.DEFINE_integer('size', 224, 'Image side.')
   flags.DEFINE_integer('batch', 2, 'Batch size.')
   FLAGS = flags.FLAGS
-  app.run(_main)
+  cli.run(_main)
