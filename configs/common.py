@@ -47,6 +47,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 0.0  # adamw only
   config.grad_norm_clip = 1.0  # 0 disables clipping
   config.loss = 'softmax_xent'  # or 'sigmoid_xent'
+  # On the device, per micro-batch, each example mixed with its neighbour
+  # (vit_jax/mixing.py). Mixup: `p` is the Beta(p, p) concentration (0: off;
+  # big_vision's AugReg: 0.2-0.8). CutMix: Beta(cutmix_alpha, cutmix_alpha)
+  # (0: off). Both on: CutMix with probability switch_prob, else Mixup
+  # (DeiT: p=0.8, cutmix_alpha=1.0, switch_prob=0.5).
+  config.mixup = ml_collections.ConfigDict(dict(
+      p=0.0, cutmix_alpha=0.0, switch_prob=0.5))
+  config.label_smoothing = 0.0  # eps: y (1 - eps) + eps / classes (DeiT: 0.1)
   config.batch = 512
   config.batch_eval = 512
   config.accum_steps = 1  # micro-batches per update (saves memory)

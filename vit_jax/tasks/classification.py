@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from vit_jax import checkpoint
 from vit_jax import input_pipeline
 from vit_jax import loop
+from vit_jax import mixing
 from vit_jax import models
 from vit_jax import storage
 from vit_jax.evaluators import classification
@@ -62,12 +63,15 @@ class Task:
     chex.assert_rank(batch['image'], 4)
     chex.assert_equal_shape_prefix([batch['image'], batch['label']], 1)
     dropout_rng = jax.random.fold_in(rng, state.step)
+    # Mixup/CutMix over the global batch, label smoothing (config.mixup,
+    # config.label_smoothing); off: the batch as it came.
+    images, labels = mixing.augment(dropout_rng, batch['image'],
+                                    batch['label'], self.config)
 
     def compute_loss(params):
-      logits = state.apply_fn({'params': params}, batch['image'], train=True,
+      logits = state.apply_fn({'params': params}, images, train=True,
                               rngs={'dropout': dropout_rng})
-      return classification.loss_fn(logits, batch['label'],
-                                    self.config.loss).mean()
+      return classification.loss_fn(logits, labels, self.config.loss).mean()
 
     value, grads = jax.value_and_grad(compute_loss)(state.params)
     return state.apply_gradients(grads=grads), {'loss': value}
