@@ -138,12 +138,29 @@ def create_state(task, config, mesh, manager):
 
 
 def jit_train_step(task, config, mesh, shardings):
-  """The task's step, jitted on the mesh with the state donated."""
+  """The task's step, jitted on the mesh with the state donated.
+
+  A task's `frozen` parameters (a teacher), if it has any, are an argument
+  of the step, placed on the mesh by the sharding rules: never constants
+  baked into the program, never updated.
+  """
   rng = jax.random.split(jax.random.key(config.seed))[1]
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  return jax.jit(functools.partial(task.train_step, rng=rng),
-                 in_shardings=(shardings, sharding.batch_sharding(mesh)),
-                 out_shardings=(shardings, replicated), donate_argnums=0)
+  frozen = getattr(task, 'frozen', None)
+  if frozen is None:
+    return jax.jit(functools.partial(task.train_step, rng=rng),
+                   in_shardings=(shardings, sharding.batch_sharding(mesh)),
+                   out_shardings=(shardings, replicated), donate_argnums=0)
+  frozen_shardings = sharding.tree_shardings(
+      frozen, mesh, config.sharding_rules, config.sharding_strategy)
+  step = jax.jit(
+      lambda state, batch, frozen: task.train_step(state, batch, rng=rng,
+                                                   frozen=frozen),
+      in_shardings=(shardings, sharding.batch_sharding(mesh),
+                    frozen_shardings),
+      out_shardings=(shardings, replicated), donate_argnums=0)
+  placed = jax.device_put(frozen, frozen_shardings)
+  return lambda state, batch: step(state, batch, placed)
 
 
 # The loop's pieces.

@@ -1,6 +1,7 @@
 """Entry points: `train_and_evaluate` and `evaluate`, for every task.
 
-`config.trainer` picks the task ('train': supervised classification, 'lit')
+`config.trainer` picks the task ('train': supervised classification,
+'distill': classification with a frozen teacher, 'lit')
 or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 'zeroshot' run only that type of evaluator).
 """
@@ -10,10 +11,11 @@ from vit_jax import models
 from vit_jax import run_record
 from vit_jax import sharding
 from vit_jax.tasks import classification
+from vit_jax.tasks import distillation
 from vit_jax.tasks import lit
 
 TASKS = {'train': classification.Task, 'classification': classification.Task,
-         'lit': lit.Task}
+         'lit': lit.Task, 'distill': distillation.Task}
 # Evaluating a checkpoint: the evaluator types run (None: those of training).
 EVALUATIONS = {'evaluate': None, 'fewshot': ('fewshot',),
                'zeroshot': ('zeroshot',)}

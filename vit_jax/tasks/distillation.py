@@ -1,0 +1,106 @@
+"""Distillation (`trainer='distill'`): a classifier that also learns from a
+frozen teacher, as DeiT (Touvron et al., 2021).
+
+A student with a distillation token returns two heads' logits in training:
+the class head learns the labels, the distillation head the teacher's
+predictions, each with weight 1/2 (DeiT's hard distillation: the teacher's
+argmax; soft: its softened distribution, temperature T, scaled by T^2). A
+student with one head learns both on it, weighted `1 - alpha` and `alpha`.
+The teacher is any checkpoint a preset can load (`config.distill`), run in
+inference mode inside the same jitted step on the same (mixed) images; its
+parameters are an argument of the step, never updated.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.evaluators import classification as classification_eval
+from vit_jax.tasks import classification
+
+KINDS = ('hard', 'soft')
+
+
+def distillation_loss(student, teacher, kind: str, temperature: float):
+  """Per-example loss of `student` logits against `teacher` logits."""
+  if kind == 'hard':
+    target = jax.nn.one_hot(jnp.argmax(teacher, -1), teacher.shape[-1])
+    return optax.softmax_cross_entropy(student, target)
+  t = temperature
+  return optax.kl_divergence(jax.nn.log_softmax(student / t),
+                             jax.nn.softmax(teacher / t)) * t**2
+
+
+def load_teacher(config, num_classes: int):
+  """(model, params) of `config.distill.teacher_path` as the preset
+  `config.distill.teacher_model`, at the run's image size."""
+  settings = config.distill
+  found = checkpoint.read_params(settings.teacher_path)
+  model_config = checkpoint.model_config_for(
+      found, models.MODEL_CONFIGS[settings.teacher_model])
+  if model_config['num_classes'] != num_classes:
+    raise ValueError(
+        f'The teacher {settings.teacher_path} has a head of '
+        f"{model_config['num_classes']} classes, the dataset {num_classes}.")
+  cls = models.model_class(settings.teacher_model)
+  model = cls(**{k: v for k, v in model_config.items()
+                 if k in cls.__dataclass_fields__ and k != 'parent'})
+  shape = (1, config.pp.crop, config.pp.crop, 3)
+  expected = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros(shape), train=False))['params']
+  return model, checkpoint.load_params(
+      settings.teacher_path, init_params=expected, model_config=model_config,
+      found=found)
+
+
+class Task(classification.Task):
+  """Classification with a frozen teacher's predictions as a second target."""
+
+  def __init__(self, config, workdir, mesh, *, training=True):
+    super().__init__(config, workdir, mesh, training=training)
+    settings = config.distill
+    if settings.kind not in KINDS:
+      raise ValueError(f'config.distill.kind={settings.kind!r}; expected one '
+                       f'of {KINDS}.')
+    if not 0. <= settings.alpha <= 1. or settings.temperature <= 0:
+      raise ValueError('config.distill needs 0 <= alpha <= 1 and a positive '
+                       f'temperature, got {settings.alpha}, '
+                       f'{settings.temperature}.')
+    if training:
+      if not settings.teacher_path:
+        raise ValueError('Distillation needs a teacher: set '
+                         'config.distill.teacher_path (and teacher_model).')
+      self.teacher, self.frozen = load_teacher(config, self.info.num_classes)
+
+  def loss(self, outputs, labels, teacher_logits):
+    """Per-example loss of the student's `outputs` (one head, or the class
+    and distillation heads)."""
+    settings = self.config.distill
+    if isinstance(outputs, tuple):
+      logits, distill_logits, alpha = *outputs, 0.5
+    else:
+      logits = distill_logits = outputs
+      alpha = settings.alpha
+    return ((1 - alpha) * classification_eval.loss_fn(logits, labels,
+                                                      self.config.loss) +
+            alpha * distillation_loss(distill_logits, teacher_logits,
+                                      settings.kind, settings.temperature))
+
+  def train_step(self, state, batch, *, rng, frozen):
+    """One micro-batch: the teacher's logits, then the student's step."""
+    chex.assert_rank(batch['image'], 4)
+    images, labels = batch['image'], batch['label']
+    teacher_logits = jax.lax.stop_gradient(self.teacher.apply(
+        {'params': frozen}, images, train=False))
+    dropout_rng = jax.random.fold_in(rng, state.step)  # as classification's
+
+    def compute_loss(params):
+      outputs = state.apply_fn({'params': params}, images, train=True,
+                               rngs={'dropout': dropout_rng})
+      return self.loss(outputs, labels, teacher_logits).mean()
+
+    value, grads = jax.value_and_grad(compute_loss)(state.params)
+    return state.apply_gradients(grads=grads), {'loss': value}
