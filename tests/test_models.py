@@ -13,10 +13,29 @@ from vit_jax import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Parameters at 224 px with 1000 classes (LiT: as the preset is). All but
-# 'Mixer-testing' and 'LiT-B16B_2' are the original release's
-# (vit_jax/models_test.py); those two are ours.
+# Parameters at 224 px with 1000 classes (LiT: as the preset is). The ViTs,
+# hybrids and Mixers but 'Mixer-testing' are the original release's
+# (vit_jax/models_test.py). DeiT and BiT: timm's counts of
+# deit_{tiny,small,base}[_distilled]_patch16_224 and
+# resnetv2_{50x1,50x3,101x1,152x2}_bit (timm 1.0); BiT-R26x1 and BiT-testing
+# timm's ResNetV2(layers=(2, 2, 2, 2)) and (layers=(1, 1),
+# channels=(256, 512), width_factor=0.5), stem_type='fixed'; DeiT-testing
+# timm's DeiT of its shapes at 32 px plus 768 patches' position entries.
 MODEL_SIZES = {
+    'BiT-R101x1': 44_541_480,
+    'BiT-R152x2': 236_335_208,
+    'BiT-R26x1': 15_987_496,
+    'BiT-R50x1': 25_549_352,
+    'BiT-R50x3': 217_319_080,
+    'BiT-testing': 375_560,
+    'DeiT-B_16': 86_567_656,
+    'DeiT-B_16-distilled': 87_338_192,
+    'DeiT-S_16': 22_050_664,
+    'DeiT-S_16-distilled': 22_436_432,
+    'DeiT-Ti_16': 5_717_416,
+    'DeiT-Ti_16-distilled': 5_910_800,
+    'DeiT-testing': 81_480,
+    'DeiT-testing-distilled': 114_544,
     'LiT-B16B': 195_871_489,
     'LiT-B16B_2': 195_280_897,
     'LiT-L16L': 638_443_521,
@@ -64,13 +83,22 @@ def test_param_count(name):
 
 
 @pytest.mark.parametrize('name', ['testing', 'testing-unpooled',
-                                  'Mixer-testing'])
+                                  'Mixer-testing', 'DeiT-testing-distilled',
+                                  'BiT-testing'])
 def test_output_shape(name):
   model = models.get_model(name, num_classes=1000)
   images = jnp.ones((2, 224, 224, 3))
   out = jax.eval_shape(lambda: model.init_with_output(
       jax.random.key(0), images, train=False)[0])
   assert out.shape == ((2, 196, 1000) if 'unpooled' in name else (2, 1000))
+
+
+@pytest.mark.parametrize('name', ['DeiT-Ti_16', 'DeiT-S_16-distilled'])
+def test_deit_presets_compute_timms_gelu(name):
+  config = models.MODEL_CONFIGS[name]
+  assert config.transformer.gelu_approximate is False
+  assert config.representation_size is None
+  assert config.classifier == ('distilled' if 'distilled' in name else 'token')
 
 
 def test_lit_pp_reads_as_the_original():

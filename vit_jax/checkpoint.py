@@ -91,8 +91,8 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
   elif 'pos_embedding_row' in tables:
     tokens = shape_of(tables['pos_embedding_row'])[1]**2
   elif 'pos_embedding' in tables:
-    tokens = shape_of(tables['pos_embedding'])[1] - int(
-        models_vit.has_class_token(model_config))
+    tokens = shape_of(tables['pos_embedding'])[1] - (
+        models_vit.num_prefix_tokens(model_config))
   else:
     raise ValueError('The checkpoint has no position table that fixes its '
                      'resolution: give the image size.')
@@ -111,15 +111,15 @@ def _posembed_input(tree: Mapping[str, Any]) -> Mapping[str, Any]:
   return tree.get('Transformer', {}).get('posembed_input', {})
 
 
-def _table_grids(posemb, name, axis, have, want, has_cls, new_grid, old_grid):
+def _table_grids(posemb, name, axis, have, want, prefix, new_grid, old_grid):
   """`resize_posemb_grid`'s grids for table `name`, from `have` to `want`."""
   if posemb == 'learn':
-    tokens = want[1] - has_cls
+    tokens = want[1] - prefix
     grid = new_grid or (posemb_resize.square_side(tokens, 'The model'),) * 2
     if grid[0] * grid[1] != tokens:
       raise ValueError(f'new_grid {tuple(grid)} does not match the '
                        f"model's {tokens} grid tokens.")
-    return dict(old_grid=old_grid, new_grid=grid, has_class_token=has_cls)
+    return dict(old_grid=old_grid, new_grid=grid, has_class_token=prefix)
   # 'learn2d': table `axis` of the grid; the given grids can only agree.
   for label, grid, length in (('new_grid', new_grid, want[1]),
                               ('old_grid', old_grid, have[1])):
@@ -129,7 +129,7 @@ def _table_grids(posemb, name, axis, have, want, has_cls, new_grid, old_grid):
   return dict(new_grid=(want[1],), has_class_token=False)
 
 
-def _resize_posemb(params, init_params, path, posemb, has_cls, method,
+def _resize_posemb(params, init_params, path, posemb, prefix, method,
                    **grids):
   """Resizes the position tables of `params` to the model's, in place."""
   tables, targets = _posembed_input(params), _posembed_input(init_params)
@@ -143,7 +143,7 @@ def _resize_posemb(params, init_params, path, posemb, has_cls, method,
       continue
     try:
       tables[name] = resize_posemb_grid(tables[name], method=method, **(
-          _table_grids(posemb, name, axis, have, want, has_cls, **grids)))
+          _table_grids(posemb, name, axis, have, want, prefix, **grids)))
     except ValueError as e:
       raise CheckpointError(f'Cannot resize {name} of {path} from {have} to '
                             f'{want}: {e}') from e
@@ -183,15 +183,16 @@ def _abstract(tree) -> bool:
 def _fit_head(params, init_params, new_head, path):
   """The model's fresh head, or the file's; `pre_logits` if the model has
   them (the model's own, when fine-tuning from a file without)."""
-  if new_head and 'head' in init_params:
-    if _abstract(init_params['head']):
-      raise ValueError('new_head=True takes the head from init_params: give '
-                       'arrays, not shapes.')
-    params['head'] = dict(init_params['head'])
-    kernel = shape_of(init_params['head']['kernel'])
-    _note(path, f"new head {kernel} (the model's initial one)")
-  elif 'head' not in init_params and params.pop('head', None):
-    _note(path, 'dropped the head (the model has none)')
+  for head in ('head', 'head_dist'):  # head_dist: DeiT's distillation head
+    if new_head and head in init_params:
+      if _abstract(init_params[head]):
+        raise ValueError('new_head=True takes the head from init_params: '
+                         'give arrays, not shapes.')
+      params[head] = dict(init_params[head])
+      kernel = shape_of(init_params[head]['kernel'])
+      _note(path, f"new {head} {kernel} (the model's initial one)")
+    elif head not in init_params and params.pop(head, None):
+      _note(path, f'dropped the {head} (the model has none)')
   if not _has_pre_logits(init_params):
     # inspect_params gives back the model's {} if it has a parameter-less one.
     if 'kernel' in (params.pop('pre_logits', None) or {}):
@@ -252,7 +253,7 @@ def load_params(path,
                      traverse_util.flatten_dict(init_params, sep='/'), path)
   if resize_posemb:
     _resize_posemb(params, init_params, path, posemb,
-                   int(models_vit.has_class_token(model_config)),
+                   models_vit.num_prefix_tokens(model_config),
                    resize_method, new_grid=new_grid, old_grid=old_grid)
   return inspect_params(params=params, expected=init_params,
                         source=f'Checkpoint {path}')

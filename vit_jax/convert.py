@@ -13,8 +13,9 @@ nothing is written then. Without `config.json` timm's defaults are assumed,
 as a note on stderr says. The preset is inferred from the shapes and the
 heads (`--model_name` to choose it, refused if it does not fit). The eval
 transform and the settings that differ from the preset go beside the `.npz`
-(`preprocess.save_transform`). ViTs, hybrids and (without `config.json`)
-MLP-Mixers are converted. `.safetensors` is read with safetensors' numpy
+(`preprocess.save_transform`). ViTs (DeiT's distilled ones too: `dist_token`
+and `head_dist` become `dist` and `head_dist`), hybrids and (without
+`config.json`) MLP-Mixers are converted. `.safetensors` is read with safetensors' numpy
 API, a torch `.pth`/`.bin` with `torch.load(weights_only=True)` (both
 optional: `pip install -e '.[convert]'`).
 """
@@ -44,6 +45,7 @@ Flat = Dict[str, np.ndarray]
 # values are transposed by `_to_npz` / `_to_timm` as their ranks say.
 _VIT = [
     (r'cls_token', 'cls'),
+    (r'dist_token', 'dist'),
     (r'pos_embed', 'Transformer/posembed_input/pos_embedding'),
     (r'patch_embed\.proj\.(weight|bias)', r'embedding/\1'),
     (r'blocks\.(\d+)\.norm1\.(weight|bias)',
@@ -56,6 +58,7 @@ _VIT = [
      r'Transformer/encoderblock_\1/MlpBlock_3/Dense_1/\2'),
     (r'norm\.(weight|bias)', r'Transformer/encoder_norm/\1'),
     (r'head\.(weight|bias)', r'head/\1'),
+    (r'head_dist\.(weight|bias)', r'head_dist/\1'),
 ]
 # The hybrids' ResNet (timm's ResNetV2 in `patch_embed.backbone`).
 _BACKBONE = r'patch_embed\.backbone\.'
@@ -194,11 +197,11 @@ def _timm_keys(flat: Flat) -> list:
         'norm1', 'norm2', 'mlp_tokens.fc1', 'mlp_tokens.fc2',
         'mlp_channels.fc1', 'mlp_channels.fc2']
   else:
-    top = ['patch_embed.proj', 'norm', 'head']
+    top = ['patch_embed.proj', 'norm', 'head', 'head_dist']
     inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.fc2']
   modules = top + [f'blocks.{i}.{n}' for i in sorted(blocks) for n in inner]
-  keys = ['cls_token', 'pos_embed'] + [f'{m}.{w}' for m in modules
-                                       for w in ('weight', 'bias')]
+  keys = ['cls_token', 'dist_token', 'pos_embed'] + [
+      f'{m}.{w}' for m in modules for w in ('weight', 'bias')]
   backbone = 'patch_embed.backbone.'
   keys += [backbone + 'stem.conv.weight', backbone + 'stem.norm.weight',
            backbone + 'stem.norm.bias']
@@ -255,7 +258,8 @@ _SIZES = {
 }
 # timm VisionTransformer's defaults for what is read below.
 _VIT_DEFAULTS = dict(global_pool='token', class_token=True, fc_norm=None,
-                     act_layer=None, patch_size=16, mlp_ratio=4.)
+                     act_layer=None, patch_size=16, mlp_ratio=4.,
+                     distilled=False)
 # Arguments that vit_jax computes only at timm's default, and why not else.
 _FIXED = {
     'qkv_bias': (True, 'its attention has no query/key/value biases'),
@@ -286,7 +290,7 @@ _FIXED = {
 }
 # Carried over to vit_jax (or checked against the weights and the preset).
 _MAPPED = {'global_pool', 'class_token', 'fc_norm', 'act_layer', 'embed_dim',
-           'depth', 'num_heads', 'mlp_ratio', 'patch_size'}
+           'depth', 'num_heads', 'mlp_ratio', 'patch_size', 'distilled'}
 # Training, initialization, or what the weights' shapes say anyway.
 _INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
           'patch_drop_rate', 'proj_drop_rate', 'attn_drop_rate',
@@ -304,6 +308,11 @@ def _architecture_args(name: str) -> Dict[str, Any]:
                        r'_\d+', name)
   if plain:
     return dict(_SIZES[plain[1]], patch_size=int(plain[2]))
+  distilled = re.fullmatch(r'deit_(tiny|small|base)_distilled_patch(\d+)_\d+',
+                           name)
+  if distilled:  # timm's VisionTransformerDistilled
+    return dict(_SIZES[distilled[1]], patch_size=int(distilled[2]),
+                distilled=True)
   gap = re.fullmatch(r'vit_(base|huge)_patch(\d+)_gap_\d+', name)
   if gap:  # 16 heads, also at the base width
     return dict(_SIZES[gap[1]], patch_size=int(gap[2]), num_heads=16,
@@ -321,7 +330,8 @@ def _architecture_args(name: str) -> Dict[str, Any]:
       f"timm architecture {name!r} is not one that vit_jax.convert knows: its "
       'entrypoint sets arguments that config.json does not record. Known: '
       'vit_{tiny,small,base,large,huge}_patchP_S, deit_*_patchP_S, '
-      'vit_{base,huge}_patchP_gap_S and the R+ViT hybrids vit_*_r*_s*.')
+      'deit_*_distilled_patchP_S, vit_{base,huge}_patchP_gap_S and the R+ViT '
+      'hybrids vit_*_r*_s*.')
 
 
 def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -346,6 +356,8 @@ def _uses_fc_norm(settings) -> bool:
 def _classifier(settings) -> str:
   """vit_jax's classifier that pools as timm's `global_pool` does."""
   pool, cls = settings['global_pool'], settings['class_token']
+  if settings['distilled']:
+    return _distilled_classifier(settings)
   if pool == 'token' and cls:
     # A LayerNorm acts on each token alone: after the pooling (fc_norm) on
     # the class token is the same as before it on every token.
@@ -368,6 +380,18 @@ def _classifier(settings) -> str:
                        '(attn_pool) is not converted')
   raise _unsupported('global_pool', pool, "vit_jax converts 'token' and "
                      "'avg' pooling only")
+
+
+def _distilled_classifier(settings) -> str:
+  """'distilled', where timm's VisionTransformerDistilled computes it."""
+  if settings['global_pool'] != 'token' or not settings['class_token']:
+    raise _unsupported('global_pool', settings['global_pool'], 'the '
+                       'distilled heads read the class and distillation '
+                       'tokens')
+  if _uses_fc_norm(settings):
+    raise _unsupported('fc_norm', settings['fc_norm'], "timm's distilled "
+                       'heads skip it (and its final norm)')
+  return 'distilled'
 
 
 def _gelu_approximate(act) -> bool:
@@ -428,7 +452,14 @@ def _dims(flat: Flat) -> Dict[str, Any]:
   return dict(
       width=kernel.shape[-1], depth=len(blocks), patch=kernel.shape[:2],
       mlp_dim=flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel']
-      .shape[-1], resnet=_resnet_layers(flat))
+      .shape[-1], resnet=_resnet_layers(flat), dist_token='dist' in flat)
+
+
+def _convertible_presets() -> list:
+  """The presets that timm's ViTs and Mixers can be (no LiT, no BiT)."""
+  return [name for name in models.MODEL_CONFIGS
+          if models.model_class(name) in (models.VisionTransformer,
+                                          models.MlpMixer)]
 
 
 def _preset_dims(name: str) -> Dict[str, Any]:
@@ -443,7 +474,8 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               patch=tuple(config.patches.size),
               mlp_dim=config.transformer.mlp_dim,
               resnet=tuple(resnet.num_layers) if resnet else None,
-              heads=config.transformer.num_heads)
+              heads=config.transformer.num_heads,
+              dist_token=config.classifier == 'distilled')
 
 
 def _misfits(name: str, want: Dict[str, Any]) -> list:
@@ -461,9 +493,8 @@ def infer_preset(flat: Flat, heads: Optional[int] = None,
   if heads is not None:
     want['heads'] = heads
   if 'stem/kernel' not in flat:
-    classifier = classifier or ('token' if 'cls' in flat else 'gap')
-  found = [name for name in models.MODEL_CONFIGS
-           if not name.startswith('LiT-') and not _misfits(name, want)]
+    classifier = classifier or _token_classifier(flat)
+  found = [name for name in _convertible_presets() if not _misfits(name, want)]
   if not found:
     raise ValueError(f'No preset has these shapes ({want}).')
   same = [name for name in found
@@ -471,11 +502,17 @@ def infer_preset(flat: Flat, heads: Optional[int] = None,
   return (same or found)[0]
 
 
+def _token_classifier(flat: Flat) -> str:
+  """timm's default pooling of a ViT with these names, as vit_jax's."""
+  if 'dist' in flat:
+    return 'distilled'
+  return 'token' if 'cls' in flat else 'gap'
+
+
 def check_preset(flat: Flat, name: str, heads: Optional[int] = None) -> None:
   """Raises a ValueError unless preset `name` has these shapes (and heads)."""
-  if name not in models.MODEL_CONFIGS or name.startswith('LiT-'):
-    raise ValueError(cli.closest(name, [n for n in models.MODEL_CONFIGS
-                                        if not n.startswith('LiT-')], 'model'))
+  if name not in _convertible_presets():
+    raise ValueError(cli.closest(name, _convertible_presets(), 'model'))
   want = _dims(flat)
   if heads is not None:
     want['heads'] = heads
@@ -595,7 +632,7 @@ def _from_bare(weights: str, model_name: Optional[str]) -> Source:
         f'without one; exact GELU) and the {heads} heads of {model_name}; '
         "put timm's config.json beside it, or pass --model_name.",
         file=sys.stderr)
-  overrides = {'classifier': 'token' if 'cls' in flat else 'gap',
+  overrides = {'classifier': _token_classifier(flat),
                'transformer': {'gelu_approximate': False}}
   return Source(flat, model_name, _differences(model_name, overrides), {})
 

@@ -1,7 +1,8 @@
 """Model presets, by the original release's names (e.g. 'ViT-B_16').
 
 `models.get_model` builds an MlpMixer for names starting with 'Mixer-', a
-LitModel for 'LiT-' and a VisionTransformer otherwise.
+LitModel for 'LiT-', a ResNetV2 for 'BiT-' and a VisionTransformer
+otherwise.
 """
 
 import ml_collections
@@ -44,6 +45,28 @@ _HYBRIDS = {
     'R50+ViT-B_16': ('ViT-B_16', 1, (3, 4, 9), 0.1),
     # The stages of ResNet-50: 4 * 2**3 = 32.
     'R50+ViT-L_32': ('ViT-L_16', 1, (3, 4, 6, 3), 0.1),
+}
+
+# DeiT (Touvron et al., 2021): ViTs with timm's exact GELU, each also with
+# the distillation token and its head ('-distilled', classifier='distilled').
+# name: (hidden_size, mlp_dim, num_heads, num_layers, patch)
+_DEITS = {
+    'DeiT-testing': (32, 64, 2, 2, 8),
+    'DeiT-Ti_16': (192, 768, 3, 12, 16),
+    'DeiT-S_16': (384, 1536, 6, 12, 16),
+    'DeiT-B_16': (768, 3072, 12, 12, 16),
+}
+
+# BiT's ResNet-v2 classifiers (Kolesnikov et al., 2020), named as BiT's
+# R50x1...: ResNet-depth x width factor (models_resnet.ResNetV2).
+# name: (units per stage, width_factor)
+_BITS = {
+    'BiT-testing': ((1, 1), 0.5),
+    'BiT-R26x1': ((2, 2, 2, 2), 1),
+    'BiT-R50x1': ((3, 4, 6, 3), 1),
+    'BiT-R50x3': ((3, 4, 6, 3), 3),
+    'BiT-R101x1': ((3, 4, 23, 3), 1),
+    'BiT-R152x2': ((3, 8, 36, 3), 2),
 }
 
 # MLP-Mixer (Tolstikhin et al., 2021).
@@ -110,6 +133,25 @@ def _hybrid(name, base, patch, num_layers, dropout):
   return config
 
 
+def _deits(name, hidden, mlp, heads, layers, patch):
+  """The DeiT preset `name` and its '-distilled' twin."""
+  for suffix, classifier in (('', 'token'), ('-distilled', 'distilled')):
+    config = _vit(name + suffix, hidden, mlp, heads, layers, patch, 0.0,
+                  classifier)
+    config.transformer.gelu_approximate = False
+    yield config
+
+
+def _bit(name, num_layers, width_factor):
+  """A BiT ResNet-v2 ConfigDict."""
+  return ml_collections.ConfigDict({
+      'model_name': name,
+      'num_layers': num_layers,
+      'width_factor': width_factor,
+      'dtype': 'float32',
+  })
+
+
 def _mixer(name, hidden, blocks, tokens_mlp, channels_mlp, patch):
   """An MLP-Mixer ConfigDict with the original's fields."""
   return ml_collections.ConfigDict({
@@ -159,6 +201,9 @@ MODEL_CONFIGS = Presets({
     config.model_name: config.lock() for config in [
         *(_vit(name, *row) for name, row in _VITS.items()),
         *(_hybrid(name, *row) for name, row in _HYBRIDS.items()),
+        *(config for name, row in _DEITS.items()
+          for config in _deits(name, *row)),
+        *(_bit(name, *row) for name, row in _BITS.items()),
         *(_mixer(name, *row) for name, row in _MIXERS.items()),
         *(_lit(name, *row) for name, row in _LITS.items()),
     ]

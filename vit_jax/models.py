@@ -12,27 +12,29 @@ import jax.numpy as jnp
 from vit_jax import cli
 from vit_jax import models_lit
 from vit_jax import models_mixer
+from vit_jax import models_resnet
 from vit_jax import models_vit
 from vit_jax.model_configs import MODEL_CONFIGS
 
 VisionTransformer = models_vit.VisionTransformer
 MlpMixer = models_mixer.MlpMixer
 LitModel = models_lit.LitModel
+ResNetV2 = models_resnet.ResNetV2
 
 
 def get_model(name: str, **kw) -> nn.Module:
   """Returns the model for preset `name`; `kw` overrides its config.
 
-  Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, all others
-  VisionTransformers.
+  Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, 'BiT-'
+  ResNetV2s, all others VisionTransformers.
   """
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
   return model_class(name)(**config)
 
 
 def token_grid(config):
-  """The patch grid of `config`'s ViT at `pp.crop`; None for a Mixer, whose
-  token count is fixed."""
+  """The patch grid of `config`'s ViT at `pp.crop`; None for other models
+  (a Mixer's token count is fixed, a ResNet has no tokens)."""
   if model_class(config.model_name) is not VisionTransformer:
     return None
   return models_vit.token_grid(config.model, (config.pp.crop,) * 2)
@@ -42,6 +44,8 @@ def model_class(name: str):
   """The model family of a preset or custom model name."""
   if name.startswith('LiT-'):
     return LitModel
+  if name.startswith('BiT-'):
+    return ResNetV2
   return MlpMixer if name.startswith('Mixer-') else VisionTransformer
 
 

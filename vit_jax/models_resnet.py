@@ -1,9 +1,11 @@
-"""The ResNet v2 front end of the hybrid R+ViT models, in Flax Linen.
+"""ResNets with weight-standardized convolutions and GroupNorm, in Flax.
 
-As in the original release (and BiT), convolutions are weight-standardized
-and followed by GroupNorm instead of BatchNorm, so nothing depends on the
-batch. Module names match the original, so the published hybrid checkpoints
-load with no renaming.
+`ResidualUnit`, `ResNetStage`: the front end of the hybrid R+ViT models, as
+in the original release (each convolution followed by its GroupNorm); module
+names match it, so the published hybrid checkpoints load with no renaming.
+`ResNetV2`: BiT's classifier (Kolesnikov et al., 2020), pre-activation units
+(He et al., 2016) under BiT's names, e.g. a DeiT teacher. Nothing depends on
+the batch (no BatchNorm).
 
 `dtype` is the computation dtype (a dtype or its name, e.g. 'bfloat16');
 parameters stay float32.
@@ -11,7 +13,7 @@ Kernels are standardized, and GroupNorm statistics computed, in float32.
 """
 
 import functools
-from typing import Any, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -92,4 +94,118 @@ class ResNetStage(nn.Module):
       strides = self.first_stride if i == 0 else (1, 1)
       x = ResidualUnit(self.features, strides=strides,
                        dtype=jnp.dtype(self.dtype), name=f'unit{i + 1}')(x)
+    return x
+
+
+class PreActUnit(nn.Module):
+  """BiT's pre-activation bottleneck: x + convs(ReLU(GN(x))).
+
+  GroupNorm and ReLU come before each of the 1x1, 3x3 (strided) and 1x1
+  convs; when the shape changes, the shortcut is a 1x1 projection of the
+  normalized input (`conv_proj`, no GroupNorm of its own).
+
+  Attributes:
+    features: bottleneck width; the unit outputs 4 * features channels.
+    strides: strides of the 3x3 conv and of the projection.
+  """
+  features: int
+  strides: Tuple[int, int] = (1, 1)
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    dtype = jnp.dtype(self.dtype)
+    conv = functools.partial(StdConv, use_bias=False, dtype=dtype)
+    norm = functools.partial(nn.GroupNorm, epsilon=1e-5, dtype=dtype)
+    out = 4 * self.features
+    strides = tuple(self.strides)
+    y = nn.relu(norm(name='gn1')(x))
+    residual = x
+    if x.shape[-1] != out or strides != (1, 1):
+      residual = conv(out, (1, 1), strides, name='conv_proj')(y)
+    y = conv(self.features, (1, 1), name='conv1')(y)
+    y = nn.relu(norm(name='gn2')(y))
+    # BiT's symmetric padding, not 'SAME''s (which pads an even side at the
+    # end only), so that BiT's and timm's weights compute the same.
+    y = conv(self.features, (3, 3), strides, padding=((1, 1), (1, 1)),
+             name='conv2')(y)
+    y = nn.relu(norm(name='gn3')(y))
+    return residual + conv(out, (1, 1), name='conv3')(y)
+
+
+class PreActStage(nn.Module):
+  """`block_size` `PreActUnit`s, named unit01, unit02, ... as BiT's; the
+  first has strides `first_stride`, the others 1."""
+  block_size: int
+  features: int
+  first_stride: Tuple[int, int]
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(self.block_size):
+      x = PreActUnit(self.features,
+                     strides=self.first_stride if i == 0 else (1, 1),
+                     dtype=jnp.dtype(self.dtype), name=f'unit{i + 1:02d}')(x)
+    return x
+
+
+class RootBlock(nn.Module):
+  """BiT's root: a 7x7 stride-2 conv, then a 3x3 stride-2 max-pool.
+
+  Both pad symmetrically, the max-pool with zeros (BiT's and timm's 'fixed'
+  stem), not flax's -inf: with no ReLU before it, a border of negative
+  values then pools to 0.
+  """
+  width: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    x = StdConv(self.width, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
+                use_bias=False, dtype=jnp.dtype(self.dtype),
+                name='conv_root')(x)
+    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    return nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
+
+
+class ResNetV2(nn.Module):
+  """BiT's ResNet-v2 classifier: `RootBlock`, stages of `PreActUnit`s, head.
+
+  Head: GroupNorm, ReLU, global average pool, a zero-initialized Dense
+  layer. Parameter names are BiT's: root_block/conv_root,
+  block{i}/unit{j:02d}, norm-pre-head, head.
+
+  Attributes:
+    num_classes: head size; 0 or None: the pooled features.
+    num_layers: units per stage (ResNet-50: (3, 4, 6, 3)).
+    width_factor: BiT's x1, x3...: the root is 64 * width_factor wide and
+      stage i's bottleneck that times 2**i.
+  """
+  num_classes: Optional[int]
+  num_layers: Sequence[int]
+  width_factor: float = 1
+  dtype: Any = jnp.float32
+  model_name: Optional[str] = None
+
+  @nn.compact
+  def __call__(self, images, *, train):
+    """`train` is accepted as the other models take it; nothing (no dropout,
+    no batch statistics) depends on it."""
+    del train
+    if images.ndim != 4:
+      raise ValueError(f'Expected NHWC images, got shape {images.shape}.')
+    dtype = jnp.dtype(self.dtype)
+    width = int(64 * self.width_factor)
+    x = RootBlock(width, dtype=dtype, name='root_block')(images)
+    for i, block_size in enumerate(self.num_layers):
+      x = PreActStage(block_size, width * 2**i,
+                      first_stride=(2, 2) if i else (1, 1), dtype=dtype,
+                      name=f'block{i + 1}')(x)
+    x = nn.relu(nn.GroupNorm(epsilon=1e-5, dtype=dtype,
+                             name='norm-pre-head')(x))
+    x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    if self.num_classes:
+      x = nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,
+                   dtype=jnp.float32, name='head')(x)
     return x

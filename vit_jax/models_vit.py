@@ -436,16 +436,25 @@ class MAPHead(nn.Module):
     return x[:, 0]
 
 
-CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled',
+               'distilled')
+
+
+def num_prefix_tokens(classifier_or_config) -> int:
+  """Tokens before the patches for a classifier (or a model config's,
+  default 'token'): class token and, for 'distilled', distillation token."""
+  classifier = classifier_or_config
+  if not isinstance(classifier, str):
+    classifier = classifier_or_config.get('classifier') or 'token'
+  if classifier == 'distilled':
+    return 2
+  return int(classifier in ('token', 'token_unpooled'))
 
 
 def has_class_token(classifier_or_config) -> bool:
   """Whether a classifier (or a model config's, default 'token') prepends a
   class token to the patches."""
-  classifier = classifier_or_config
-  if not isinstance(classifier, str):
-    classifier = classifier_or_config.get('classifier') or 'token'
-  return classifier in ('token', 'token_unpooled')
+  return num_prefix_tokens(classifier_or_config) > 0
 
 
 class VisionTransformer(nn.Module):
@@ -463,7 +472,11 @@ class VisionTransformer(nn.Module):
     representation_size: width of the tanh `pre_logits` layer, if any.
     classifier: 'token' (class token), 'gap' (mean of tokens), 'map'
       (attention pooling, `MAPHead`), 'unpooled' (all tokens, no class
-      token) or 'token_unpooled' (all tokens).
+      token), 'token_unpooled' (all tokens) or 'distilled' (DeiT's class
+      and distillation tokens `cls`, `dist`, then the patches, each token
+      with its head, `head` and `head_dist`: their mean at evaluation, the
+      pair (class logits, distillation logits) in training; without a head
+      the mean of the two tokens).
     posemb: position embedding scheme, one of POSEMBS; see `Encoder`.
     head_bias_init: initial bias of the zero-initialized head.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
@@ -502,14 +515,27 @@ class VisionTransformer(nn.Module):
                 padding='VALID', name='embedding', dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
+    prefix = []
     if has_class_token(self.classifier):
-      cls = self.param('cls', nn.initializers.zeros, (1, 1, c))
-      x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)).astype(dtype), x], axis=1)
+      prefix.append(self.param('cls', nn.initializers.zeros, (1, 1, c)))
+    if self.classifier == 'distilled':  # initialized as DeiT's
+      prefix.append(self.param('dist', nn.initializers.normal(stddev=0.02),
+                               (1, 1, c)))
+    x = jnp.concatenate(
+        [jnp.tile(t, (n, 1, 1)).astype(dtype) for t in prefix] + [x], axis=1)
     x = Encoder(name='Transformer', posemb=self.posemb, dtype=dtype,
                 **self.transformer)(x, train=train, grid=(h, w))
 
+    return self._head(x, train)
+
+  def _head(self, x, train):
+    """Pooling, `pre_logits` and the head(s) of the encoded tokens."""
+    dtype = jnp.dtype(self.dtype)
+    distilled = self.classifier == 'distilled'
     if self.classifier == 'token':
       x = x[:, 0]
+    elif distilled:
+      x = x[:, :2]  # class and distillation tokens
     elif self.classifier == 'gap':
       x = jnp.mean(x, axis=1)
     elif self.classifier == 'map':
@@ -525,11 +551,17 @@ class VisionTransformer(nn.Module):
     else:
       x = IdentityLayer(name='pre_logits')(x)
 
-    if self.num_classes:
-      x = nn.Dense(self.num_classes, name='head', dtype=jnp.float32,
-                   kernel_init=nn.initializers.zeros,
-                   bias_init=nn.initializers.constant(self.head_bias_init))(x)
-    return x
+    if not self.num_classes:
+      return jnp.mean(x, axis=1) if distilled else x
+    head = functools.partial(
+        nn.Dense, self.num_classes, dtype=jnp.float32,
+        kernel_init=nn.initializers.zeros,
+        bias_init=nn.initializers.constant(self.head_bias_init))
+    if not distilled:
+      return head(name='head')(x)
+    logits = head(name='head')(x[:, 0]), head(name='head_dist')(x[:, 1])
+    # DeiT's evaluation averages the heads; its training loss needs both.
+    return logits if train else (logits[0] + logits[1]) / 2
 
   def _resnet(self, x):
     """ResNet root and stages; their names stay at the top level.

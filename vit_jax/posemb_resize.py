@@ -5,7 +5,7 @@ patches grows; the learned position embeddings are resized to it as an image
 would be. `checkpoint.load_pretrained` does this on loading.
 """
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -32,7 +32,7 @@ def resize_posemb_grid(posemb,
                        *,
                        old_grid: Optional[Sequence[int]] = None,
                        new_grid: Sequence[int],
-                       has_class_token: bool,
+                       has_class_token: Union[bool, int],
                        method: str = 'bicubic') -> np.ndarray:
   """Resizes a (1, [1 +] tokens, D) position embedding to another grid.
 
@@ -40,7 +40,8 @@ def resize_posemb_grid(posemb,
   (the row or column table of posemb='learn2d'); `old_grid` None is a square
   (or 1-D) one. Both grids cover the same image, each entry at the centre of
   its cell: entry i of n at (i + 0.5) / n. The class token, if any, is first
-  and kept as is. `method`: 'bicubic', `jax.image.resize(..., 'cubic',
+  and kept as is; an int `has_class_token` keeps that many leading entries
+  (2: DeiT's class and distillation tokens). `method`: 'bicubic', `jax.image.resize(..., 'cubic',
   antialias=False)`; or 'linear_zoom', the original's
   `scipy.ndimage.zoom(..., order=1)`, which aligns the end entries instead.
   """
