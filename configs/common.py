@@ -28,6 +28,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.pp.std = ml_collections.config_dict.placeholder(tuple)
   config.pp.area_min = 0.05  # inception crop: smallest area kept
   config.pp.flip = True  # random horizontal flips in training
+  # Training: RandAugment (num_layers, magnitude), e.g. (2, 15); None: off.
+  config.pp.randaug = ml_collections.config_dict.placeholder(tuple)
+  config.pp.erasing = 0.0  # training: random erasing probability (DeiT: 0.25)
   config.pp.label = ''  # a vit_jax.task_labels task; '' is the feature 'label'
 
   config.model_name = ''  # set with `with_model`, as config.model

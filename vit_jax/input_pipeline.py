@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import augment
 from vit_jax import cli
 from vit_jax import local_datasets  # registers the offline builders
 from vit_jax import task_labels
@@ -139,17 +140,30 @@ def _to_float(image):
 
 
 def preprocess_train(image, seed, pp):
-  """Inception crop (area pp.area_min..1), resize to pp.crop, optional flip."""
+  """Inception crop (area pp.area_min..1), resize to pp.crop, optional flip;
+  optional RandAugment (`pp.randaug`) and random erasing (`pp.erasing`)."""
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
       tf.shape(image), tf.zeros([0, 0, 4], tf.float32), seed=seed,
       area_range=(pp.area_min, 1.0), aspect_ratio_range=(3 / 4, 4 / 3),
       min_object_covered=0.0, use_image_if_no_bounding_boxes=True)
   image = tf.slice(image, begin, size)
-  image = tf.image.resize(_to_float(image), [pp.crop, pp.crop])
+  fold = functools.partial(tf.random.experimental.stateless_fold_in, seed)
+  randaug = pp.get('randaug')
+  if randaug is None:
+    image = tf.image.resize(_to_float(image), [pp.crop, pp.crop])
+  else:  # on uint8, as big_vision: crop, flip, randaug, then to [-1, 1]
+    num_layers, magnitude = augment.check_randaug(randaug)
+    image = tf.image.resize(image, [pp.crop, pp.crop])
+    image = tf.cast(tf.clip_by_value(image, 0.0, 255.0), tf.uint8)
   if pp.flip:
-    seed2 = tf.random.experimental.stateless_fold_in(seed, 1)
-    image = tf.image.stateless_random_flip_left_right(image, seed2)
-  return _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
+    image = tf.image.stateless_random_flip_left_right(image, fold(1))
+  if randaug is not None:
+    image = _to_float(augment.randaugment(image, num_layers, magnitude,
+                                          fold(2)))
+  image = _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
+  if pp.get('erasing'):  # after normalization, as timm (DeiT)
+    image = augment.random_erasing(image, pp.erasing, fold(3))
+  return image
 
 
 def _normalize(image, pp):
