@@ -1,9 +1,10 @@
 """timm <-> .npz conversion, against logits that timm computed itself.
 
 The golden files come from `scripts/make_timm_golden.py` (state dicts,
-GELU's tanh form) and `scripts/make_timm_config_golden.py` (folders written
-by timm's `save_for_hf`, timm's default exact GELU), with torch and timm;
-these tests need neither.
+GELU's tanh form), `scripts/make_timm_config_golden.py` (folders written
+by timm's `save_for_hf`, timm's default exact GELU) and
+`scripts/make_deit_golden.py` (DeiT, plain and distilled), with torch and
+timm; these tests need neither.
 """
 
 import json
@@ -149,7 +150,7 @@ def test_what_timm_cannot_hold_is_refused(tmp_path):
 
 @pytest.mark.parametrize('name', ['ViT-B_16', 'ViT-S_16-gap-norep',
                                   'R26+ViT-S_32', 'R+ViT-Ti_16',
-                                  'Mixer-B_16'])
+                                  'Mixer-B_16', 'DeiT-Ti_16-distilled'])
 def test_infer_preset_from_published_shapes(name):
   model = models.get_model(name, num_classes=10)
   shapes = jax.eval_shape(lambda: model.init(
@@ -295,7 +296,8 @@ def test_weights_alone_say_what_is_assumed(tmp_path, capsys):
 def _edited_folder(tmp_path, case, **model_args):
   """A copy of timm folder `case`, its config.json's model_args changed."""
   folder = tmp_path / case
-  shutil.copytree(os.path.join(HF, case), folder)
+  root = DEIT if os.path.isdir(os.path.join(DEIT, case)) else HF
+  shutil.copytree(os.path.join(root, case), folder)
   config = json.loads((folder / 'config.json').read_text())
   config['model_args'].update(model_args)
   (folder / 'config.json').write_text(json.dumps(config))
@@ -382,3 +384,96 @@ def test_refusal_on_the_command_line(tmp_path):
                    if 'Traceback' in l or l.startswith('Error:')]
   assert lines[0].startswith("Error: timm setting global_pool='avg'")
   assert not dst.exists()
+
+
+# DeiT: timm's deit_tiny_patch16_224 and its distilled twin at the
+# 'DeiT-testing' shapes, saved by save_for_hf (scripts/make_deit_golden.py).
+DEIT = os.path.join(DATA, 'timm_deit')
+DEIT_GOLDEN = np.load(os.path.join(DATA, 'timm_deit_logits.npz'))
+DEIT_CASES = [('deit', 'DeiT-testing'),
+              ('deit_distilled', 'DeiT-testing-distilled')]
+
+
+def _deit_logits(npz, model_name):
+  """Built as predict builds it: the preset, the recorded settings."""
+  config = preprocess.model_config(models.MODEL_CONFIGS[model_name],
+                                   preprocess.load_transform(npz))
+  model = models.VisionTransformer(**dict(config, num_classes=5))
+  return np.asarray(model.apply({'params': checkpoint.load(npz)},
+                                DEIT_GOLDEN['images'], train=False))
+
+
+@pytest.mark.parametrize('case,preset', DEIT_CASES)
+def test_deit_folder_gives_timms_logits(tmp_path, case, preset):
+  """The preset is inferred (the distillation token picks the distilled
+  one) and computes as timm (exact GELU, the heads' mean): nothing to
+  record beside the file but the transform."""
+  npz = str(tmp_path / 'model.npz')
+  assert convert.convert(os.path.join(DEIT, case), npz) == preset
+  assert 'model' not in preprocess.load_transform(npz)
+  flat = np.load(npz)
+  assert ('dist' in flat) == ('head_dist/kernel' in flat) == (
+      case == 'deit_distilled')
+  np.testing.assert_allclose(_deit_logits(npz, preset), DEIT_GOLDEN[case],
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('case,preset', DEIT_CASES)
+def test_deit_round_trip(tmp_path, case, preset):
+  """.npz back to timm's layout: timm's own state dict, key for key."""
+  npz = str(tmp_path / 'model.npz')
+  convert.convert(os.path.join(DEIT, case), npz, preset)
+  back = str(tmp_path / 'back.safetensors')
+  assert convert.convert(npz, back) == preset
+  want, got = load_file(os.path.join(DEIT, case, 'model.safetensors')), \
+      load_file(back)
+  assert sorted(got) == sorted(want)
+  assert ('dist_token' in got) == (case == 'deit_distilled')
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_distilled_weights_alone(tmp_path):
+  """Without config.json: the distillation token says how to pool."""
+  shutil.copy(os.path.join(DEIT, 'deit_distilled', 'model.safetensors'),
+              tmp_path)
+  npz = str(tmp_path / 'model.npz')
+  assert convert.convert(str(tmp_path / 'model.safetensors'),
+                         npz) == 'DeiT-testing-distilled'
+  np.testing.assert_allclose(
+      _deit_logits(npz, 'DeiT-testing-distilled'),
+      DEIT_GOLDEN['deit_distilled'], rtol=1e-5, atol=1e-5)
+
+
+def test_distilled_or_not_must_fit(tmp_path):
+  dst = str(tmp_path / 'model.npz')
+  with pytest.raises(ValueError, match=r'--model_name=DeiT-testing does not '
+                     r'fit the checkpoint, which has dist_token True '
+                     r'\(DeiT-testing: False\)'):
+    convert.convert(os.path.join(DEIT, 'deit_distilled'), dst, 'DeiT-testing')
+  with pytest.raises(ValueError, match=r'dist_token False '
+                     r'\(DeiT-testing-distilled: True\)'):
+    convert.convert(os.path.join(DEIT, 'deit'), dst, 'DeiT-testing-distilled')
+  folder = _edited_folder(tmp_path, 'deit_distilled', global_pool='avg')
+  with pytest.raises(ValueError, match="timm setting global_pool='avg' is not "
+                     'supported by vit_jax: the distilled heads read'):
+    convert.convert(folder, dst)
+  assert not os.path.exists(dst)
+
+
+@pytest.mark.skipif('VIT_JAX_DEIT_FULL' not in os.environ,
+                    reason='a real-size timm folder, made outside CI by '
+                    'scripts/make_deit_golden.py --full_size')
+def test_full_size_distilled_gives_timms_logits(tmp_path):
+  folder = os.environ['VIT_JAX_DEIT_FULL']
+  npz = str(tmp_path / 'deit.npz')
+  convert.convert(folder, npz, 'DeiT-Ti_16-distilled')
+  golden = np.load(os.path.join(folder, 'logits.npz'))
+  model = models.get_model('DeiT-Ti_16-distilled', num_classes=1000)
+  logits = np.asarray(model.apply({'params': checkpoint.load(npz)},
+                                  golden['images'], train=False))
+  want = golden['logits']
+  print('max |error| / max |logit|:',
+        np.abs(logits - want).max() / np.abs(want).max())
+  np.testing.assert_allclose(logits, want, rtol=1e-4,
+                             atol=1e-4 * np.abs(want).max())

@@ -213,3 +213,113 @@ def test_bf16_close_to_float32(name):
   peak = np.max(np.abs(out32))
   assert peak > 1
   assert 0 < err < BF16_TOL * peak, (err, peak)
+
+
+# BiT's ResNet-v2 classifier (pre-activation units).
+
+
+def _conv_sym(x, kernel, stride=1):
+  """Cross-correlation with BiT's symmetric padding of (k - 1) / 2."""
+  pad = (kernel.shape[0] - 1) // 2
+  x = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  n, h, w, _ = x.shape
+  k = kernel.shape[0]
+  oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
+  out = np.zeros((n, oh, ow, kernel.shape[-1]))
+  for i in range(oh):
+    for j in range(ow):
+      window = x[:, i * stride:i * stride + k, j * stride:j * stride + k]
+      out[:, i, j] = np.einsum('nabc,abco->no', window, kernel)
+  return out
+
+
+def _preact_unit(x, p, stride):
+  """x + convs(ReLU(GN(x))), GN and ReLU before each conv (BiT)."""
+  gn = functools.partial(_groupnorm, eps=1e-5)
+  conv = lambda y, name, s=1: _conv_sym(
+      y, _standardized(p[name]['kernel']), s)
+  y = np.maximum(gn(x, p['gn1']), 0)
+  residual = conv(y, 'conv_proj', stride) if 'conv_proj' in p else x
+  y = np.maximum(gn(conv(y, 'conv1'), p['gn2']), 0)
+  y = np.maximum(gn(conv(y, 'conv2', stride), p['gn3']), 0)
+  return residual + conv(y, 'conv3')
+
+
+def _bit(images, p):
+  """Root (7x7/2 conv, 3x3/2 max-pool over zeros), units, GN, ReLU, mean,
+  head."""
+  x = _conv_sym(images, _standardized(p['root_block']['conv_root']['kernel']),
+                2)
+  x = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  n, h, w, c = x.shape
+  x = np.stack([np.stack([x[:, i:i + 3, j:j + 3].max((1, 2))
+                          for j in range(0, w - 2, 2)], 1)
+                for i in range(0, h - 2, 2)], 1)
+  for i in (1, 2):
+    x = _preact_unit(x, p[f'block{i}']['unit01'], 2 if i > 1 else 1)
+  x = np.maximum(_groupnorm(x, p['norm-pre-head'], eps=1e-5), 0).mean((1, 2))
+  return x @ p['head']['kernel'] + p['head']['bias']
+
+
+def test_bit_param_tree():
+  model = models.get_model('BiT-testing', num_classes=7)
+  assert isinstance(model, models_resnet.ResNetV2)
+  x = jnp.zeros((1, 32, 32, 3))
+  params = param_shapes(model, x, train=False)
+  # BiT's names: root_block/conv_root, block{i}/unit{j:02d}, norm-pre-head.
+  assert set(params) == {'root_block', 'block1', 'block2', 'norm-pre-head',
+                         'head'}
+  assert set(params['root_block']['conv_root']) == {'kernel'}  # No bias.
+  assert params['root_block']['conv_root']['kernel'].shape == (7, 7, 3, 32)
+  unit = params['block2']['unit01']
+  # Pre-activation: gn1 normalizes the 128-channel input; the projection
+  # has no norm of its own.
+  assert set(unit) == {'gn1', 'conv1', 'gn2', 'conv2', 'gn3', 'conv3',
+                       'conv_proj'}
+  assert unit['gn1']['scale'].shape == (128,)
+  assert unit['conv2']['kernel'].shape == (3, 3, 64, 64)
+  assert unit['conv_proj']['kernel'].shape == (1, 1, 128, 256)
+  assert params['head']['kernel'].shape == (256, 7)
+  head = jax.jit(lambda: model.init(jax.random.key(0), x, train=False))()[
+      'params']['head']
+  np.testing.assert_array_equal(head['kernel'], 0)  # zero-initialized
+
+
+@pytest.mark.parametrize('channels,stride', [(32, 2), (128, 1)])
+def test_preact_unit_matches_reference(channels, stride):
+  """An even side (6), where BiT's symmetric padding differs from 'SAME'."""
+  x = np.random.default_rng(5).normal(size=(2, 6, 6, channels))
+  unit = models_resnet.PreActUnit(32, strides=(stride, stride))
+  params = random_params(unit, jnp.asarray(x, jnp.float32))
+  assert ('conv_proj' in params) == (channels != 128 or stride != 1)
+  out = jax.jit(unit.apply)({'params': params}, jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(out, _preact_unit(x, params, stride),
+                             rtol=2e-3, atol=2e-3)
+
+
+def test_bit_matches_reference():
+  model = models.get_model('BiT-testing', num_classes=5)
+  x = np.random.default_rng(6).uniform(-1, 1, (2, 32, 32, 3))
+  params = random_params(model, jnp.asarray(x, jnp.float32), train=False)
+  out = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
+      params, jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(out, _bit(x, params), rtol=2e-3, atol=2e-3)
+
+
+def test_bit_takes_train_as_the_vit():
+  """As the classification task calls it; nothing depends on `train`."""
+  model = models.get_model('BiT-testing', num_classes=5)
+  x = jax.random.uniform(jax.random.key(0), (2, 48, 32, 3), minval=-1)
+  params = random_params(model, x, train=False)
+  apply = jax.jit(lambda p, x, train: model.apply(
+      {'params': p}, x, train=train, rngs={'dropout': jax.random.key(1)}),
+                  static_argnums=2)
+  np.testing.assert_array_equal(apply(params, x, True),
+                                apply(params, x, False))
+  assert apply(params, x, False).shape == (2, 5)
+  features = jax.jit(lambda p, x: model.clone(num_classes=0).apply(
+      {'params': p}, x, train=False))(
+          {k: v for k, v in params.items() if k != 'head'}, x)
+  assert features.shape == (2, 256)
+  with pytest.raises(ValueError, match='NHWC'):
+    model.init(jax.random.key(0), jnp.zeros((32, 32, 3)), train=False)
