@@ -4,6 +4,7 @@ training's results, no empty workdir after a failure, progress lines."""
 import hashlib
 import json
 import os
+import shutil
 
 import pytest
 
@@ -125,3 +126,22 @@ def test_a_short_run_reports_its_first_and_last_step(tiny_config, tmp_path,
   lines = [l for l in capsys.readouterr().out.splitlines() if ' loss ' in l
            and 'img/s' in l]
   assert [l.split(']')[0] for l in lines] == ['[1/3', '[3/3']
+
+
+def test_keys_of_another_version_are_not_a_change(finished, tmp_path):
+  """A workdir recorded before a setting existed resumes: a key that one
+  side lacks was added or removed by the code, not by the user."""
+  config, workdir = finished
+  with open(os.path.join(workdir, 'config.json')) as f:
+    recorded = json.load(f)
+  del recorded['pp']['flip']
+  recorded['removed_since'] = 1
+  other = tmp_path / 'w'
+  shutil.copytree(workdir, other)
+  with open(other / 'config.json', 'w') as f:
+    json.dump(recorded, f)
+  run_record.check_config(config, str(other))  # no error
+  changed = config.copy_and_resolve_references()
+  changed.pp.crop = 48
+  with pytest.raises(ValueError, match='pp.crop: 32 -> 48'):
+    run_record.check_config(changed, str(other))

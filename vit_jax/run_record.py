@@ -57,11 +57,13 @@ def check_config(config, workdir, *, allow_change: bool = False):
                if k not in FREE_KEYS})
   before = _flat({k: v for k, v in json.loads(path.read_text()).items()
                   if k not in FREE_KEYS})
-  changed = sorted(k for k in before.keys() | now.keys()
-                   if before.get(k, '<unset>') != now.get(k, '<unset>'))
+  # Settings that one side lacks are a config written by another version
+  # of the code (a key added or removed since), not another run.
+  changed = sorted(k for k in before.keys() & now.keys()
+                   if before[k] != now[k])
   if changed:
-    listing = '\n'.join(f'  {k}: {before.get(k, "<unset>")!r} -> '
-                        f'{now.get(k, "<unset>")!r}' for k in changed[:20])
+    listing = '\n'.join(f'  {k}: {before[k]!r} -> {now[k]!r}'
+                        for k in changed[:20])
     raise ValueError(
         f'{workdir} holds a run with other settings; resuming it would mix '
         f'two runs and overwrite its results:\n{listing}\nUse a new '
