@@ -50,6 +50,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 0.0  # adamw only
   config.grad_norm_clip = 1.0  # 0 disables clipping
   config.loss = 'softmax_xent'  # or 'sigmoid_xent'
+  # trainer='distill' (DeiT): a frozen teacher, the preset `teacher_model`
+  # loaded from `teacher_path`; 'hard' (its argmax) or 'soft' (temperature);
+  # `alpha`: the teacher's weight for a student with a single head.
+  config.distill = ml_collections.ConfigDict(dict(
+      teacher_path='', teacher_model='', kind='hard', alpha=0.5,
+      temperature=1.0))
   # On the device, per micro-batch, each example mixed with its neighbour
   # (vit_jax/mixing.py). Mixup: `p` is the Beta(p, p) concentration (0: off;
   # big_vision's AugReg: 0.2-0.8). CutMix: Beta(cutmix_alpha, cutmix_alpha)
