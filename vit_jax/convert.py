@@ -15,9 +15,10 @@ heads (`--model_name` to choose it, refused if it does not fit). The eval
 transform and the settings that differ from the preset go beside the `.npz`
 (`preprocess.save_transform`). ViTs (DeiT's distilled ones too: `dist_token`
 and `head_dist` become `dist` and `head_dist`), hybrids and (without
-`config.json`) MLP-Mixers are converted. `.safetensors` is read with safetensors' numpy
-API, a torch `.pth`/`.bin` with `torch.load(weights_only=True)` (both
-optional: `pip install -e '.[convert]'`).
+`config.json`) MLP-Mixers are converted. `.safetensors` is read with
+safetensors' numpy API, a torch `.pth`/`.bin` with
+`torch.load(weights_only=True)` (both optional: `pip install -e
+'.[convert]'`).
 """
 
 import importlib

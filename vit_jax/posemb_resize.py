@@ -41,9 +41,10 @@ def resize_posemb_grid(posemb,
   (or 1-D) one. Both grids cover the same image, each entry at the centre of
   its cell: entry i of n at (i + 0.5) / n. The class token, if any, is first
   and kept as is; an int `has_class_token` keeps that many leading entries
-  (2: DeiT's class and distillation tokens). `method`: 'bicubic', `jax.image.resize(..., 'cubic',
-  antialias=False)`; or 'linear_zoom', the original's
-  `scipy.ndimage.zoom(..., order=1)`, which aligns the end entries instead.
+  (2: DeiT's class and distillation tokens). `method`: 'bicubic',
+  `jax.image.resize(..., 'cubic', antialias=False)`; or 'linear_zoom', the
+  original's `scipy.ndimage.zoom(..., order=1)`, which aligns the end
+  entries instead.
   """
   check_method(method)
   posemb = np.asarray(posemb)
