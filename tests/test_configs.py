@@ -6,6 +6,7 @@ import pytest
 
 from configs import ablation_posemb
 from configs import augreg
+from configs import common
 from configs import default
 from configs import finetune_mnist5k
 from configs import vit
@@ -100,7 +101,8 @@ def test_augreg_levels(level, dataset):
   assert (config.mixup.cutmix_alpha, config.label_smoothing) == (0.0, 0.0)
   transformer = config.model.transformer
   assert (transformer.dropout_rate, transformer.stochastic_depth) == (0, 0)
-  transformer = augreg.get_config(f's16,{level},{dataset},reg').model.transformer
+  config_reg = augreg.get_config(f's16,{level},{dataset},reg')
+  transformer = config_reg.model.transformer
   assert (transformer.dropout_rate, transformer.stochastic_depth) == (.1, .1)
   loop.validate_config(config, 8)
   mixing.check_config(config)
@@ -161,3 +163,13 @@ def test_augreg_b16_size_and_steps():
 def test_augreg_unknown_names(arg, match):
   with pytest.raises(ValueError, match=match):
     augreg.get_config(arg)
+
+
+def test_a_presets_normalization_reaches_the_pipelines():
+  """DeiT presets set pp.mean/pp.std to ImageNet's; Google's leave the
+  original's [-1, 1] (None)."""
+  deit = common.with_model(common.get_config(), 'DeiT-S_16')
+  assert tuple(deit.pp.mean) == (0.485, 0.456, 0.406)
+  assert tuple(deit.pp.std) == (0.229, 0.224, 0.225)
+  vit = common.with_model(common.get_config(), 'ViT-S_16')
+  assert vit.pp.mean is None and vit.pp.std is None
