@@ -100,8 +100,9 @@ def mixup_weight(rng, p):
 def cutmix_box(rng, alpha, size):
   """(height, width) booleans: True inside the pasted box.
 
-  lam ~ Beta(alpha, alpha); the box has sides int(side * sqrt(1 - lam)) (as
-  timm's `rand_bbox`), a centre uniform over the image, and is clipped to it.
+  lam ~ Beta(alpha, alpha); the box has sides int(side * sqrt(1 - lam)) and
+  a centre uniform over the image (timm's `rand_bbox`, which also rounds an
+  odd side down to even), and is clipped to the image.
   """
   height, width = size
   k_lam, k_y, k_x = jax.random.split(rng, 3)
