@@ -153,6 +153,9 @@ def with_model(config: ml_collections.ConfigDict, model_name: str,
                        f'{sorted(model_configs.MODEL_CONFIGS)}.')
     model = model_configs.MODEL_CONFIGS[model_name]
   config.model_name = model_name
+  mean, std = model_configs.input_normalization(model_name)
+  if (mean, std) != model_configs.NORMALIZATIONS['google']:
+    config.pp.mean, config.pp.std = mean, std  # the preset's weights expect
   config.model = ml_collections.ConfigDict(model).copy_and_resolve_references()
   config.model.model_name = config.get_ref('model_name')
   return config

@@ -101,3 +101,19 @@ def test_bad_distill_settings(teacher, fmnist_dirs, tmp_path):
   config.distill.teacher_model = 'ViT-Ti16'
   with pytest.raises(ValueError, match='did you mean ViT-Ti_16'):
     train.train_and_evaluate(config, str(tmp_path / 'c'))
+
+
+def test_deit_fmnist_arms_run(fmnist_dirs, tmp_path):
+  """configs/deit_fmnist.py: the teacher, then each arm, as short jobs on
+  tiny offline data; each writes results.json."""
+  from configs import deit_fmnist  # pylint: disable=g-import-not-at-top
+  for arm in ('teacher', 'plain', 'augreg', 'deit'):
+    config = deit_fmnist.get_config(arm).unlock()
+    config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
+    config.total_steps, config.batch, config.batch_eval = 3, 8, 8
+    config.shuffle_buffer, config.evals.test.every = 100, 0
+    if arm == 'deit':
+      config.distill.teacher_path = str(tmp_path / 'teacher' /
+                                        'BiT-fmnist.npz')
+    train.train_and_evaluate(config, str(tmp_path / arm))
+    assert (tmp_path / arm / 'results.json').exists(), arm

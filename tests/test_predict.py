@@ -19,6 +19,7 @@ import pytest
 
 from helpers import random_params
 from vit_jax import checkpoint
+from vit_jax import model_configs
 from vit_jax import models
 from vit_jax import predict
 from vit_jax import preprocess
@@ -293,3 +294,17 @@ def test_preprocess_imports_neither_tensorflow_nor_torch():
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                        text=True, timeout=120, cwd=ROOT, check=True).stdout
   assert out.strip() == '[]'
+
+
+def test_the_presets_normalization_without_a_record():
+  """DeiT's weights expect ImageNet's mean and std, Google's [-1, 1]; a
+  recorded transform or a flag says otherwise."""
+  imagenet = model_configs.input_normalization('DeiT-Ti_16-distilled')
+  assert imagenet == (preprocess.IMAGENET_MEAN, preprocess.IMAGENET_STD)
+  assert model_configs.input_normalization('ViT-B_16') == ((0.5,) * 3,) * 2
+  deit = preprocess.resolve(224, None, imagenet)
+  assert (deit.mean, deit.std) == imagenet and deit.crop_mode == 'squash'
+  recorded = preprocess.resolve(224, {'mean': [0.5] * 3, 'std': [0.5] * 3},
+                                imagenet)
+  assert recorded.mean == (0.5, 0.5, 0.5)
+  assert preprocess.resolve(224, None, imagenet, mean=[0.1]).mean == (0.1,) * 3

@@ -83,6 +83,9 @@ def load_model(model_config, path, size=None):
 
 def image_size(params: Mapping[str, Any], model_config) -> int:
   """The image side that the checkpoint's token grid implies (square)."""
+  if 'patches' not in model_config:  # a ResNet takes any size
+    raise ValueError('The model has no patch grid that fixes its '
+                     'resolution: give the image size.')
   patch = models_vit.patch_size(model_config['patches'])[0]
   mixing = params.get('MixerBlock_0', {}).get('token_mixing')
   tables = params.get('Transformer', {}).get('posembed_input', {})

@@ -181,6 +181,18 @@ def _lit(name, image, out_dim, text_model, text):
   })
 
 
+# Pixel mean and std (of pixels in [0, 1]) that a preset's weights expect:
+# Google's checkpoints take [-1, 1]; timm's DeiT ImageNet's statistics. The
+# models never normalize; the data pipelines, predict and analysis do.
+NORMALIZATIONS = {'google': ((0.5,) * 3, (0.5,) * 3),
+                  'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def input_normalization(name: str):
+  """(mean, std) of the inputs that the preset `name` expects."""
+  return NORMALIZATIONS['imagenet' if name.startswith('DeiT-') else 'google']
+
+
 class UnknownPreset(KeyError, ValueError):
   """A preset name that does not exist; says the closest ones."""
 

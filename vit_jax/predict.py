@@ -26,6 +26,7 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import cli
+from vit_jax import model_configs
 from vit_jax import models
 from vit_jax import preprocess
 
@@ -82,10 +83,13 @@ def predict(model, params, images):
   return np.asarray(jax.nn.softmax(logits.astype(np.float32)))
 
 
-def transform_for(path, recorded, size):
-  """The transform of the checkpoint's record and the flags, said on stderr."""
+def transform_for(path, recorded, size, model_name=''):
+  """The transform of the checkpoint's record (else the preset's
+  normalization) and the flags, said on stderr."""
   overrides = preprocess.flag_overrides()
-  transform = preprocess.resolve(size, recorded, **overrides)
+  transform = preprocess.resolve(
+      size, recorded, model_configs.input_normalization(model_name),
+      **overrides)
   record_path = preprocess.transform_path(path) if recorded else None
   print(preprocess.summary(transform, record_path, list(overrides)),
         file=sys.stderr, flush=True)
@@ -100,7 +104,8 @@ def main(argv):
   model, params, size = load_classifier(
       FLAGS.model_name, FLAGS.checkpoint,
       FLAGS.size or preprocess.recorded_size(recorded), recorded)
-  transform = transform_for(FLAGS.checkpoint, recorded, size)
+  transform = transform_for(FLAGS.checkpoint, recorded, size,
+                            FLAGS.model_name)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:

@@ -137,12 +137,14 @@ def recorded_size(recorded: Optional[Mapping[str, Any]]) -> Optional[int]:
 
 
 def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
-            **overrides) -> Transform:
+            normalization=None, **overrides) -> Transform:
   """The transform at `size`: `overrides` that are not None, over the
   record's keys, over timm's defaults (with a recorded transform) or
   `GOOGLE` (none: no record, or one of model settings only)."""
   timm = any(k != 'model' for k in recorded or {})
   fields = dict(TIMM_DEFAULTS if timm else GOOGLE)
+  if not timm and normalization:  # the preset's, when nothing is recorded
+    fields.update(mean=normalization[0], std=normalization[1])
   fields.update({k: recorded[k] for k in fields if k in (recorded or {})})
   fields.update({k: v for k, v in overrides.items() if v is not None})
   return Transform(size=size, **fields)

@@ -66,7 +66,8 @@ def model_config():
 def inputs(paths, size, recorded):
   """(images, a note saying what they are)."""
   if paths:
-    transform = predict.transform_for(FLAGS.checkpoint, recorded, size)
+    transform = predict.transform_for(FLAGS.checkpoint, recorded, size,
+                                      FLAGS.model_name or '')
     return (np.stack([predict.read_image(p, transform) for p in paths]),
             f'the {len(paths)} image files given')
   if FLAGS.config is not None:

@@ -12,8 +12,8 @@ _BLOCK = re.compile(r'encoderblock(?:_(\d+))?$')
 
 
 def num_prefix_tokens(model_config) -> int:
-  """Tokens before the patches: 1 with a class token, else 0."""
-  return int(models_vit.has_class_token(model_config))
+  """Tokens before the patches: class (and distillation) tokens."""
+  return models_vit.num_prefix_tokens(model_config)
 
 
 def pixel_patch_size(model_config):

@@ -29,6 +29,12 @@ class Task:
     if config.loss not in classification.LOSSES:
       raise ValueError(f'config.loss={config.loss!r}; expected one of '
                        f'{classification.LOSSES}.')
+    if (config.model.get('classifier') == 'distilled' and
+        config.trainer in ('train', 'classification')):
+      raise ValueError("A model with a distillation token trains with a "
+                       "teacher: set config.trainer='distill' and "
+                       'config.distill.teacher_path.')
+    mixing.check_config(config)  # before anything compiles
     self.config, self.mesh = config, mesh
     num_classes = None  # evaluating a file: its head (`checkpoint`)
     if training or not loop.pretrained_path(config):

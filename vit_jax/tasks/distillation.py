@@ -6,18 +6,24 @@ the class head learns the labels, the distillation head the teacher's
 predictions, each with weight 1/2 (DeiT's hard distillation: the teacher's
 argmax; soft: its softened distribution, temperature T, scaled by T^2). A
 student with one head learns both on it, weighted `1 - alpha` and `alpha`.
-The teacher is any checkpoint a preset can load (`config.distill`), run in
+The teacher is any checkpoint a preset can load (`config.distill`), or the
+`.npz` of a vit_jax run (its model from the run's `config.json`), run in
 inference mode inside the same jitted step on the same (mixed) images; its
 parameters are an argument of the step, never updated.
 """
 
+import json
+
 import chex
+from etils import epath
 import jax
 import jax.numpy as jnp
 import optax
 
 from vit_jax import checkpoint
+from vit_jax import mixing
 from vit_jax import models
+from vit_jax import run_record
 from vit_jax.evaluators import classification as classification_eval
 from vit_jax.tasks import classification
 
@@ -34,18 +40,30 @@ def distillation_loss(student, teacher, kind: str, temperature: float):
                              jax.nn.softmax(teacher / t)) * t**2
 
 
+def teacher_config(settings):
+  """The teacher's model config: the preset `teacher_model`, else the model
+  that the vit_jax run which wrote `teacher_path` recorded."""
+  if settings.teacher_model:
+    return models.MODEL_CONFIGS[settings.teacher_model].to_dict()
+  record = epath.Path(settings.teacher_path).parent / run_record.CONFIG
+  if not record.exists():
+    raise ValueError(
+        f'No {record}: set config.distill.teacher_model to the preset of '
+        f'{settings.teacher_path}.')
+  return json.loads(record.read_text())['model']
+
+
 def load_teacher(config, num_classes: int):
-  """(model, params) of `config.distill.teacher_path` as the preset
-  `config.distill.teacher_model`, at the run's image size."""
+  """(model, params) of `config.distill.teacher_path` (`teacher_config`),
+  at the run's image size."""
   settings = config.distill
   found = checkpoint.read_params(settings.teacher_path)
-  model_config = checkpoint.model_config_for(
-      found, models.MODEL_CONFIGS[settings.teacher_model])
+  model_config = checkpoint.model_config_for(found, teacher_config(settings))
   if model_config['num_classes'] != num_classes:
     raise ValueError(
         f'The teacher {settings.teacher_path} has a head of '
         f"{model_config['num_classes']} classes, the dataset {num_classes}.")
-  cls = models.model_class(settings.teacher_model)
+  cls = models.model_class(model_config.get('model_name') or '')
   model = cls(**{k: v for k, v in model_config.items()
                  if k in cls.__dataclass_fields__ and k != 'parent'})
   shape = (1, config.pp.crop, config.pp.crop, 3)
@@ -92,10 +110,12 @@ class Task(classification.Task):
   def train_step(self, state, batch, *, rng, frozen):
     """One micro-batch: the teacher's logits, then the student's step."""
     chex.assert_rank(batch['image'], 4)
-    images, labels = batch['image'], batch['label']
+    dropout_rng = jax.random.fold_in(rng, state.step)  # as classification's
+    # The teacher sees the student's images, mixed or not (as DeiT's).
+    images, labels = mixing.augment(dropout_rng, batch['image'],
+                                    batch['label'], self.config)
     teacher_logits = jax.lax.stop_gradient(self.teacher.apply(
         {'params': frozen}, images, train=False))
-    dropout_rng = jax.random.fold_in(rng, state.step)  # as classification's
 
     def compute_loss(params):
       outputs = state.apply_fn({'params': params}, images, train=True,
