@@ -116,3 +116,16 @@ def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-2000:]
     assert out.strip().splitlines()[-1] == '96'
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path):
+  bad = tmp_path / 'bad.npz'
+  bad.write_bytes(b'PK\x03\x04 not really a zip archive')
+  image = os.path.join(ROOT, 'tests', 'data', 'predict_image.jpg')
+  result = _run('-m', 'vit_jax.predict', '--model_name=testing',
+                f'--checkpoint={bad}', image)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f'Error: Cannot read checkpoint {bad}: not an '
+                             '.npz archive, or truncated or corrupt')
