@@ -59,9 +59,9 @@ def test_unknown_preset_names_the_closest():
     models.MODEL_CONFIGS['ViT-Ti16']  # pylint: disable=pointless-statement
   result = _run('-m', 'vit_jax.models', '--name=ViT-Ti16')
   assert result.returncode == 1
-  assert result.stderr.strip() == ("Error: Unknown model preset 'ViT-Ti16'; "
-                                   'did you mean ViT-Ti_16, R+ViT-Ti_16, '
-                                   'ViT-S_16?')
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      "Error: Unknown model preset 'ViT-Ti16'; did you mean ViT-Ti_16, ")
 
 
 def test_traceback_only_with_verbosity(tmp_path):
