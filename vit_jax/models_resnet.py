@@ -81,19 +81,23 @@ class ResidualUnit(nn.Module):
 
 
 class ResNetStage(nn.Module):
-  """`block_size` units, named unit1, unit2, ..., of bottleneck width
-  `features`; the first unit has strides `first_stride`, the others 1."""
+  """`block_size` units of bottleneck width `features`, named by `names`
+  (unit1, unit2, ...; BiT's unit01, unit02, ...); the first unit has strides
+  `first_stride`, the others 1. `unit`: `ResidualUnit` or `PreActUnit`."""
   block_size: int
   features: int
   first_stride: Tuple[int, int]
   dtype: Any = jnp.float32
+  unit: Any = None  # ResidualUnit
+  names: str = 'unit{}'
 
   @nn.compact
   def __call__(self, x):
+    unit = self.unit or ResidualUnit
     for i in range(self.block_size):
       strides = self.first_stride if i == 0 else (1, 1)
-      x = ResidualUnit(self.features, strides=strides,
-                       dtype=jnp.dtype(self.dtype), name=f'unit{i + 1}')(x)
+      x = unit(self.features, strides=strides, dtype=jnp.dtype(self.dtype),
+               name=self.names.format(i + 1))(x)
     return x
 
 
@@ -133,23 +137,6 @@ class PreActUnit(nn.Module):
     return residual + conv(out, (1, 1), name='conv3')(y)
 
 
-class PreActStage(nn.Module):
-  """`block_size` `PreActUnit`s, named unit01, unit02, ... as BiT's; the
-  first has strides `first_stride`, the others 1."""
-  block_size: int
-  features: int
-  first_stride: Tuple[int, int]
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x):
-    for i in range(self.block_size):
-      x = PreActUnit(self.features,
-                     strides=self.first_stride if i == 0 else (1, 1),
-                     dtype=jnp.dtype(self.dtype), name=f'unit{i + 1:02d}')(x)
-    return x
-
-
 class RootBlock(nn.Module):
   """BiT's root: a 7x7 stride-2 conv, then a 3x3 stride-2 max-pool.
 
@@ -170,7 +157,7 @@ class RootBlock(nn.Module):
 
 
 class ResNetV2(nn.Module):
-  """BiT's ResNet-v2 classifier: `RootBlock`, stages of `PreActUnit`s, head.
+  """BiT's ResNet-v2 classifier: `RootBlock`, stages of `PreActUnit`s (`ResNetStage`), head.
 
   Head: GroupNorm, ReLU, global average pool, a zero-initialized Dense
   layer. Parameter names are BiT's: root_block/conv_root,
@@ -199,8 +186,9 @@ class ResNetV2(nn.Module):
     width = int(64 * self.width_factor)
     x = RootBlock(width, dtype=dtype, name='root_block')(images)
     for i, block_size in enumerate(self.num_layers):
-      x = PreActStage(block_size, width * 2**i,
+      x = ResNetStage(block_size, width * 2**i,
                       first_stride=(2, 2) if i else (1, 1), dtype=dtype,
+                      unit=PreActUnit, names='unit{:02d}',
                       name=f'block{i + 1}')(x)
     x = nn.relu(nn.GroupNorm(epsilon=1e-5, dtype=dtype,
                              name='norm-pre-head')(x))
