@@ -239,11 +239,15 @@ class MlpBlock(nn.Module):
     out_dim: output width (default: the input width).
     gelu_approximate: flax's tanh GELU (Google's checkpoints); False: the
       exact erf GELU (timm's and PyTorch's).
+    swiglu: SwiGLU instead of GELU (timm's SwiGLUPacked, DINOv2-g):
+      `Dense_0` makes 2 * mlp_dim features [x1, x2], and silu(x1) * x2
+      goes on.
   """
   mlp_dim: int
   out_dim: Optional[int] = None
   dropout_rate: float = 0.1
   gelu_approximate: bool = True
+  swiglu: bool = False
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
   dtype: Any = jnp.float32
@@ -252,10 +256,27 @@ class MlpBlock(nn.Module):
   def __call__(self, inputs, *, deterministic):
     dense = functools.partial(nn.Dense, kernel_init=self.kernel_init,
                               bias_init=self.bias_init, dtype=self.dtype)
-    x = nn.gelu(dense(self.mlp_dim)(inputs), approximate=self.gelu_approximate)
+    if self.swiglu:
+      x1, x2 = jnp.split(dense(2 * self.mlp_dim)(inputs), 2, axis=-1)
+      x = nn.silu(x1) * x2
+    else:
+      x = nn.gelu(dense(self.mlp_dim)(inputs),
+                  approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+
+
+class LayerScale(nn.Module):
+  """Learned per-channel scale of a residual branch (CaiT's LayerScale,
+  timm's `init_values`): a `scale` of shape (D,), initially `init_value`."""
+  init_value: float
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param('scale', nn.initializers.constant(self.init_value),
+                       (x.shape[-1],))
+    return x * scale.astype(x.dtype)
 
 
 class Encoder1DBlock(nn.Module):
@@ -267,7 +288,10 @@ class Encoder1DBlock(nn.Module):
       (`RelativePositionBias`) with this clip distance to the attention
       logits; then the call needs `grid`.
     drop_path_rate: stochastic depth rate of both residual branches.
-    gelu_approximate: see `MlpBlock`.
+    gelu_approximate, swiglu: see `MlpBlock`.
+    layerscale_init: if set, scale each branch by a `LayerScale` (`ls1`
+      for attention, `ls2` for the MLP) with this initial value, after its
+      dropout and before drop path.
     scanned: return (output, None), as the body of `nn.scan`.
   """
   mlp_dim: int
@@ -277,6 +301,8 @@ class Encoder1DBlock(nn.Module):
   relative_max_distance: Optional[int] = None
   drop_path_rate: float = 0.
   gelu_approximate: bool = True
+  swiglu: bool = False
+  layerscale_init: Optional[float] = None
   dtype: Any = jnp.float32
   scanned: bool = False
 
@@ -307,15 +333,23 @@ class Encoder1DBlock(nn.Module):
         dtype=self.dtype)(
             x, x, sow_weights=self.is_mutable_collection('intermediates'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    x = self._scale(x, 'ls1')
     x = DropPath(self.drop_path_rate)(x, deterministic=deterministic)
     x = x + inputs
 
     y = nn.LayerNorm(dtype=self.dtype)(x)
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
-                 gelu_approximate=self.gelu_approximate,
+                 gelu_approximate=self.gelu_approximate, swiglu=self.swiglu,
                  dtype=self.dtype)(y, deterministic=deterministic)
+    y = self._scale(y, 'ls2')
     y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
     return (x + y, None) if self.scanned else x + y
+
+  def _scale(self, x, name):
+    """The branch `x` times LayerScale `name`, if the block has them."""
+    if self.layerscale_init is None:
+      return x
+    return LayerScale(self.layerscale_init, name=name)(x)
 
 
 class Encoder(nn.Module):
@@ -335,6 +369,12 @@ class Encoder(nn.Module):
       reads and writes them in the published per-block names.
     gelu_approximate: True: tanh GELU (Google's checkpoints); False: exact
       erf GELU (timm's DeiT, MAE, DINOv2 and converted timm models).
+    swiglu, layerscale_init: see `MlpBlock` and `Encoder1DBlock`.
+    posemb_prefix: the learned 1-D table ('learn') has entries for the
+      prefix (class, register) tokens; False (timm's `no_embed_class`): for
+      the patches only. Set by `VisionTransformer`.
+    final_norm: end with the LayerNorm `encoder_norm`; `VisionTransformer`
+      omits it for its `fc_norm`.
   """
   num_layers: int
   mlp_dim: int
@@ -348,34 +388,76 @@ class Encoder(nn.Module):
   remat_policy: str = 'none'
   scan: bool = False
   gelu_approximate: bool = True
+  swiglu: bool = False
+  layerscale_init: Optional[float] = None
+  posemb_prefix: bool = True
+  final_norm: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, train, grid=None):
+  def __call__(self, x, *, train, grid=None, keep=None):
     """Encodes (batch, tokens, D); `grid` is the (h, w) of the patch tokens,
-    which come after any leading (class) tokens; 2-D schemes need it."""
-    if self.posemb not in POSEMBS:
-      raise ValueError(f'Unknown posemb {self.posemb!r}; expected one of '
-                       f'{POSEMBS}.')
-    posemb = self.posemb if self.add_position_embedding else 'none'
-    if posemb in ('learn2d', 'relative', 'sincos2d'):
-      if grid is None or x.shape[1] < grid[0] * grid[1]:
-        raise ValueError(f'posemb={posemb!r} needs the patch grid (h, w) of '
-                         f'the {x.shape[1]} tokens, got {grid}.')
-
+    which come after any prefix (class, register) tokens; 2-D schemes need
+    it. `keep`, (batch, k) ints into the row-major patches: after the
+    position embedding only those patches, in that order, go on (MAE)."""
+    posemb = self._check_inputs(x, grid, keep)
     if self.add_position_embedding:
-      if posemb == 'learn':
-        x = AddPositionEmbs(name='posembed_input')(x)
-      elif posemb == 'learn2d':
-        x = AddPositionEmbs2D(name='posembed_input')(x, grid)
-      elif posemb == 'sincos2d':
-        pe = posemb_sincos_2d(*grid, x.shape[-1], dtype=x.dtype)
-        x = x + _pad_prefix(pe, x.shape[1] - grid[0] * grid[1])
+      x = self._embed_positions(x, posemb, grid)
+    if keep is not None:
+      x = keep_patches(x, keep, x.shape[1] - grid[0] * grid[1])
+    if self.add_position_embedding:
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
 
     relative = self.relative_max_distance if posemb == 'relative' else None
     x = self._blocks(x, not train, grid, relative)
+    if not self.final_norm:
+      return x
     return nn.LayerNorm(name='encoder_norm', dtype=self.dtype)(x)
+
+  def _check_inputs(self, x, grid, keep):
+    """The effective posemb, once `grid` and `keep` are known to fit it."""
+    if self.posemb not in POSEMBS:
+      raise ValueError(f'Unknown posemb {self.posemb!r}; expected one of '
+                       f'{POSEMBS}.')
+    posemb = self.posemb if self.add_position_embedding else 'none'
+    needs = None
+    if posemb in ('learn2d', 'relative', 'sincos2d'):
+      needs = f'posemb={posemb!r}'
+    elif posemb == 'learn' and not self.posemb_prefix:
+      needs = 'posemb_prefix=False'
+    elif keep is not None:
+      needs = 'keep'
+    if needs and (grid is None or x.shape[1] < grid[0] * grid[1]):
+      raise ValueError(f'{needs} needs the patch grid (h, w) of the '
+                       f'{x.shape[1]} tokens, got {grid}.')
+    if keep is None:
+      return posemb
+    if posemb == 'relative':
+      raise ValueError("keep= cannot be used with posemb='relative': its "
+                       'bias is defined on the full patch grid.')
+    patches = grid[0] * grid[1]
+    if (keep.ndim != 2 or keep.shape[0] != x.shape[0] or
+        keep.shape[1] > patches or not jnp.issubdtype(keep.dtype, jnp.integer)):
+      raise ValueError(f'keep must be (batch, k) integer indices, k <= '
+                       f'{patches} patches, batch {x.shape[0]}; got '
+                       f'{keep.dtype} {tuple(keep.shape)}.')
+    return posemb
+
+  def _embed_positions(self, x, posemb, grid):
+    """Adds the position embedding of `posemb` to the tokens `x`."""
+    if posemb == 'learn':
+      if self.posemb_prefix:
+        return AddPositionEmbs(name='posembed_input')(x)
+      prefix = x.shape[1] - grid[0] * grid[1]
+      return jnp.concatenate(
+          [x[:, :prefix], AddPositionEmbs(name='posembed_input')(x[:, prefix:])],
+          axis=1)
+    if posemb == 'learn2d':
+      return AddPositionEmbs2D(name='posembed_input')(x, grid)
+    if posemb == 'sincos2d':
+      pe = posemb_sincos_2d(*grid, x.shape[-1], dtype=x.dtype)
+      return x + _pad_prefix(pe, x.shape[1] - grid[0] * grid[1])
+    return x
 
   def _blocks(self, x, deterministic, grid, relative_max_distance):
     """The encoder blocks: unrolled or scanned, with remat if asked."""
@@ -390,7 +472,9 @@ class Encoder(nn.Module):
                     dropout_rate=self.dropout_rate,
                     attention_dropout_rate=self.attention_dropout_rate,
                     relative_max_distance=relative_max_distance,
-                    gelu_approximate=self.gelu_approximate, dtype=self.dtype)
+                    gelu_approximate=self.gelu_approximate,
+                    swiglu=self.swiglu, layerscale_init=self.layerscale_init,
+                    dtype=self.dtype)
     if self.scan:
       if self.stochastic_depth:
         raise ValueError('transformer.scan runs all blocks alike: it cannot '
@@ -407,6 +491,13 @@ class Encoder(nn.Module):
       x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
                 **settings)(x, deterministic, grid)
     return x
+
+
+def keep_patches(x, keep, prefix):
+  """The `prefix` leading tokens of `x`, then its patches at `keep`, the
+  (batch, k) indices into the tokens after the prefix."""
+  patches = jnp.take_along_axis(x[:, prefix:], keep[:, :, None], axis=1)
+  return jnp.concatenate([x[:, :prefix], patches], axis=1)
 
 
 class MAPHead(nn.Module):
@@ -442,19 +533,33 @@ CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled',
 
 def num_prefix_tokens(classifier_or_config) -> int:
   """Tokens before the patches for a classifier (or a model config's,
-  default 'token'): class token and, for 'distilled', distillation token."""
-  classifier = classifier_or_config
-  if not isinstance(classifier, str):
+  default 'token'): class token and, for 'distilled', distillation token;
+  for a config also its `num_registers` register tokens."""
+  if isinstance(classifier_or_config, str):
+    classifier, registers = classifier_or_config, 0
+  else:
     classifier = classifier_or_config.get('classifier') or 'token'
+    registers = classifier_or_config.get('num_registers') or 0
   if classifier == 'distilled':
-    return 2
-  return int(classifier in ('token', 'token_unpooled'))
+    return 2 + registers
+  return int(classifier in ('token', 'token_unpooled')) + registers
+
+
+def posemb_prefix_tokens(model_config) -> int:
+  """Leading entries of a model config's learned 1-D position table: one per
+  prefix token, or none with `posemb_prefix` False."""
+  if not model_config.get('posemb_prefix', True):
+    return 0
+  return num_prefix_tokens(model_config)
 
 
 def has_class_token(classifier_or_config) -> bool:
   """Whether a classifier (or a model config's, default 'token') prepends a
   class token to the patches."""
-  return num_prefix_tokens(classifier_or_config) > 0
+  classifier = classifier_or_config
+  if not isinstance(classifier, str):
+    classifier = classifier_or_config.get('classifier') or 'token'
+  return num_prefix_tokens(classifier) > 0
 
 
 class VisionTransformer(nn.Module):
@@ -470,7 +575,7 @@ class VisionTransformer(nn.Module):
       be empty for the root alone) and `width_factor` (root width is
       64 * width_factor, stage i's bottleneck width that times 2**i).
     representation_size: width of the tanh `pre_logits` layer, if any.
-    classifier: 'token' (class token), 'gap' (mean of tokens), 'map'
+    classifier: 'token' (class token), 'gap' (mean of patch tokens), 'map'
       (attention pooling, `MAPHead`), 'unpooled' (all tokens, no class
       token), 'token_unpooled' (all tokens) or 'distilled' (DeiT's class
       and distillation tokens `cls`, `dist`, then the patches, each token
@@ -478,6 +583,13 @@ class VisionTransformer(nn.Module):
       pair (class logits, distillation logits) in training; without a head
       the mean of the two tokens).
     posemb: position embedding scheme, one of POSEMBS; see `Encoder`.
+    num_registers: learned register tokens `reg` (Darcet et al., 2024)
+      after the class (and distillation) token; dropped before the head,
+      so never pooled nor in the 'unpooled' outputs.
+    posemb_prefix: the 'learn' table covers the prefix tokens too; False:
+      the patches only (timm's `no_embed_class`, DeiT III).
+    fc_norm: a LayerNorm `fc_norm` on the pooled feature instead of the
+      encoder's final `encoder_norm` (timm's MAE fine-tuning with 'gap').
     head_bias_init: initial bias of the zero-initialized head.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
       stay float32; LayerNorm statistics, softmax and logits are float32.
@@ -490,15 +602,29 @@ class VisionTransformer(nn.Module):
   representation_size: Optional[int] = None
   classifier: str = 'token'
   posemb: str = 'learn'
+  num_registers: int = 0
+  posemb_prefix: bool = True
+  fc_norm: bool = False
   head_bias_init: float = 0.
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
 
   @nn.compact
-  def __call__(self, inputs, *, train):
+  def __call__(self, inputs, *, train, keep=None):
+    """Logits (or features) of NHWC `inputs`; `keep` (batch, k) ints picks
+    the patches (row-major) that the encoder sees, as `Encoder`'s."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'Unknown classifier {self.classifier!r}; '
                        f'expected one of {CLASSIFIERS}.')
+    x, grid = self._embed(inputs)
+    x = Encoder(name='Transformer', posemb=self.posemb,
+                posemb_prefix=self.posemb_prefix, final_norm=not self.fc_norm,
+                dtype=jnp.dtype(self.dtype), **self.transformer)(
+                    x, train=train, grid=grid, keep=keep)
+    return self._head(x, train)
+
+  def _embed(self, inputs):
+    """(prefix tokens then patch tokens, the (h, w) grid of the patches)."""
     ph, pw = patch_size(self.patches)
     x = inputs
     if self.resnet is not None:
@@ -521,22 +647,26 @@ class VisionTransformer(nn.Module):
     if self.classifier == 'distilled':  # initialized as DeiT's
       prefix.append(self.param('dist', nn.initializers.normal(stddev=0.02),
                                (1, 1, c)))
+    if self.num_registers:  # initialized as timm's
+      prefix.append(self.param('reg', nn.initializers.normal(stddev=1e-6),
+                               (1, self.num_registers, c)))
     x = jnp.concatenate(
         [jnp.tile(t, (n, 1, 1)).astype(dtype) for t in prefix] + [x], axis=1)
-    x = Encoder(name='Transformer', posemb=self.posemb, dtype=dtype,
-                **self.transformer)(x, train=train, grid=(h, w))
-
-    return self._head(x, train)
+    return x, (h, w)
 
   def _head(self, x, train):
     """Pooling, `pre_logits` and the head(s) of the encoded tokens."""
     dtype = jnp.dtype(self.dtype)
     distilled = self.classifier == 'distilled'
+    classes = num_prefix_tokens(self.classifier)
+    if self.num_registers:
+      x = jnp.concatenate([x[:, :classes],
+                           x[:, classes + self.num_registers:]], axis=1)
     if self.classifier == 'token':
       x = x[:, 0]
     elif distilled:
       x = x[:, :2]  # class and distillation tokens
-    elif self.classifier == 'gap':
+    elif self.classifier == 'gap':  # no class token
       x = jnp.mean(x, axis=1)
     elif self.classifier == 'map':
       x = MAPHead(num_heads=self.transformer['num_heads'],
@@ -544,6 +674,8 @@ class VisionTransformer(nn.Module):
                   gelu_approximate=self.transformer.get('gelu_approximate',
                                                         True),
                   dtype=dtype)(x)
+    if self.fc_norm:
+      x = nn.LayerNorm(name='fc_norm', dtype=dtype)(x)
 
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',
