@@ -2,7 +2,9 @@
 
 Fine-tuning at a higher resolution keeps the patch size, so the grid of
 patches grows; the learned position embeddings are resized to it as an image
-would be. `checkpoint.load_pretrained` does this on loading.
+would be. `checkpoint.load_pretrained` does this on loading, with the
+method of the weights' source: 'bicubic' for Google's checkpoints,
+'bicubic_antialias' (timm's `resample_abs_pos_embed`) for timm's.
 """
 
 from typing import Optional, Sequence, Union
@@ -11,7 +13,7 @@ import jax
 import numpy as np
 import scipy.ndimage
 
-RESIZE_METHODS = ('bicubic', 'linear_zoom')
+RESIZE_METHODS = ('bicubic', 'bicubic_antialias', 'linear_zoom')
 
 
 def square_side(n: int, what: str) -> int:
@@ -42,7 +44,9 @@ def resize_posemb_grid(posemb,
   its cell: entry i of n at (i + 0.5) / n. The class token, if any, is first
   and kept as is; an int `has_class_token` keeps that many leading entries
   (2: DeiT's class and distillation tokens). `method`: 'bicubic',
-  `jax.image.resize(..., 'cubic', antialias=False)`; or 'linear_zoom', the
+  `jax.image.resize(..., 'cubic', antialias=False)`; 'bicubic_antialias',
+  torch's `interpolate(mode='bicubic', antialias=True)` as timm resizes
+  (`antialias_weights`; growing, the two agree); or 'linear_zoom', the
   original's `scipy.ndimage.zoom(..., order=1)`, which aligns the end
   entries instead.
   """
@@ -70,11 +74,42 @@ def resize_posemb_grid(posemb,
   if method == 'bicubic':
     new = jax.image.resize(grid, (*new_grid, grid.shape[-1]), 'cubic',
                            antialias=False)
+  elif method == 'bicubic_antialias':
+    new = grid.astype(np.float64)
+    for axis, (old, size) in enumerate(zip(old_grid, new_grid)):
+      new = np.moveaxis(np.tensordot(antialias_weights(old, size), new,
+                                     axes=(1, axis)), 0, axis)
   else:
     new = scipy.ndimage.zoom(
         grid, [n / o for n, o in zip(new_grid, old_grid)] + [1], order=1)
   new = np.asarray(new, posemb.dtype).reshape(1, -1, posemb.shape[-1])
   return np.concatenate([cls, new], axis=1)
+
+
+def _keys_cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
+  """Keys' cubic convolution kernel, zero from |x| = 2 on."""
+  x = np.abs(x)
+  near = ((a + 2) * x - (a + 3)) * x * x + 1
+  far = (((x - 5) * x + 8) * x - 4) * a
+  return np.where(x < 1, near, np.where(x < 2, far, 0.))
+
+
+def antialias_weights(old: int, new: int) -> np.ndarray:
+  """(new, old) float64 weights of torch's antialiased bicubic on one axis.
+
+  PIL's resampling, which torch follows with antialias=True (as found by
+  resizing unit impulses with torch): Keys' kernel with a = -0.5 (torch's
+  plain bicubic has -0.75), stretched by old/new when shrinking so that it
+  averages over each output cell; the weights of the entries inside the
+  grid are divided by their sum, so the borders are renormalized, not
+  clamped. `jax.image.resize(antialias=True)` is the same, in float32 only;
+  float64 here keeps timm's tables to float32 rounding.
+  """
+  scale = old / new
+  centre = scale * (np.arange(new) + 0.5)  # in input cells
+  offset = np.arange(old)[None, :] + 0.5 - centre[:, None]
+  weights = _keys_cubic(offset / max(scale, 1.))
+  return weights / weights.sum(axis=1, keepdims=True)
 
 
 def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
