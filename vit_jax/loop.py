@@ -5,7 +5,9 @@ and final saves, agreed preemption, a NaN that stops with the last good
 checkpoint kept), the batch stream's position, progress and TensorBoard,
 the evaluators, `results.json` and the exported `.npz`. A task
 (`vit_jax/tasks`) says what is trained: its model and initial parameters,
-its optimizer labels, its step and its batches.
+its optimizer labels, its step and its batches; and, where it differs from
+the whole, what is evaluated and exported (`exported`), and anything else
+it writes at the end (`finish`).
 """
 
 import contextlib
@@ -304,14 +306,24 @@ def _finish(config, workdir, params, result, seconds, evaluators):
         'start or resume.', flush=True)
 
 
+def exported(task):
+  """(model, params -> its params): what the evaluators see and the .npz
+  holds. A task's `exported_model` and `exported_params` (MAE: its encoder
+  alone), else its model and all its parameters."""
+  if hasattr(task, 'exported_params'):
+    return task.exported_model, task.exported_params
+  return task.model, lambda params: params
+
+
 def _writer(workdir):
   return metric_writers.create_default_writer(
       workdir, just_logging=jax.process_index() > 0)
 
 
 def _train(config, state, train_fn, batches, manager, evaluators, writer,
-           start):
-  """The steps from `start` on: (state, last step, last metrics)."""
+           start, view):
+  """The steps from `start` on: (state, last step, last metrics); the
+  evaluators see `view(params)`."""
   progress, result, step = Progress(config, writer, start), {}, start
   try:
     with preemption(manager) as reached_preemption:
@@ -327,7 +339,7 @@ def _train(config, state, train_fn, batches, manager, evaluators, writer,
         due = [e for e in evaluators if _due(e.every, step, last)]
         if due:
           result.update(run_evaluators(
-              due, state.params, writer, step,
+              due, view(state.params), writer, step,
               prefix=f'[{step}/{config.total_steps}] '))
           progress.restart_clock()
         if save:
@@ -348,8 +360,8 @@ def run(task, config, workdir):
   """Trains `task` (resuming from `workdir`), evaluates, exports; returns
   the final parameters."""
   mesh = task.mesh
-  evaluators = registry.from_config(config, task=task, model=task.model,
-                                    mesh=mesh)
+  model, view = exported(task)
+  evaluators = registry.from_config(config, task=task, model=model, mesh=mesh)
   manager = make_manager(config, workdir, config.max_to_keep)
   state, shardings, start = create_state(task, config, mesh, manager)
   if start >= config.total_steps:
@@ -368,13 +380,15 @@ def run(task, config, workdir):
       start_step=start * config.accum_steps), mesh, micro)
   t_start = time.perf_counter()
   state, step, result = _train(config, state, train_fn, batches, manager,
-                               evaluators, writer, start)
+                               evaluators, writer, start, view)
   manager.wait_until_finished()
   manager.close()
   writer.flush()
   if step == config.total_steps:
-    _finish(config, workdir, state.params, result,
+    _finish(config, workdir, view(state.params), result,
             time.perf_counter() - t_start, evaluators)
+    if hasattr(task, 'finish'):  # what a task writes at the end (a picture)
+      task.finish(state.params, workdir)
   else:
     print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
           'same command to continue.', flush=True)

@@ -1,7 +1,8 @@
 """Entry points: `train_and_evaluate` and `evaluate`, for every task.
 
 `config.trainer` picks the task ('train': supervised classification,
-'distill': classification with a frozen teacher, 'lit')
+'distill': classification with a frozen teacher, 'lit', 'mae': masked
+autoencoder pretraining)
 or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 'zeroshot' run only that type of evaluator).
 """
@@ -13,9 +14,10 @@ from vit_jax import sharding
 from vit_jax.tasks import classification
 from vit_jax.tasks import distillation
 from vit_jax.tasks import lit
+from vit_jax.tasks import mae
 
 TASKS = {'train': classification.Task, 'classification': classification.Task,
-         'lit': lit.Task, 'distill': distillation.Task}
+         'lit': lit.Task, 'distill': distillation.Task, 'mae': mae.Task}
 # Evaluating a checkpoint: the evaluator types run (None: those of training).
 EVALUATIONS = {'evaluate': None, 'fewshot': ('fewshot',),
                'zeroshot': ('zeroshot',)}

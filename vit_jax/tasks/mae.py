@@ -1,0 +1,194 @@
+"""MAE pretraining (`trainer='mae'`, He et al., 2022): a ViT learns, without
+labels, to reconstruct the pixels of randomly masked patches.
+
+Settings under `config.mae`: `mask_ratio` (0.75), `norm_pix_loss` (per-patch
+normalized targets) and the `decoder`'s `hidden_size`, `num_layers`,
+`num_heads`, `mlp_dim`; the encoder is `config.model`. The evaluators (few-
+shot on the encoder's class token, say) and the exported
+`{workdir}/{model_name}.npz` see the encoder alone, in the published
+layout: fine-tuning (`pretrained_path`), few-shot, `predict` and
+`analysis` take it like any checkpoint. At the end the run draws
+`{workdir}/mae_reconstructions.png` (the paper's Figure 2).
+"""
+
+import chex
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
+from matplotlib import figure
+import numpy as np
+
+from vit_jax import checkpoint
+from vit_jax import input_pipeline
+from vit_jax import loop
+from vit_jax import models_mae
+from vit_jax import models_vit
+from vit_jax import storage
+
+DECODER_KEYS = ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim')
+PICTURE = 'mae_reconstructions.png'
+PICTURE_IMAGES = 8
+MASK_GRAY = 0.5  # how a removed patch is shown
+
+
+def check_settings(config):
+  """Fails fast on `config.mae`: present, complete, a usable ratio."""
+  settings = config.get('mae')
+  if settings is None:
+    raise ValueError("config.trainer='mae' needs config.mae: mask_ratio, "
+                     'norm_pix_loss and decoder (see configs/mae_fmnist.py).')
+  missing = [k for k in DECODER_KEYS if k not in settings.decoder]
+  if missing:
+    raise ValueError(f'config.mae.decoder lacks {missing}.')
+  if settings.decoder.hidden_size % settings.decoder.num_heads:
+    raise ValueError(f'config.mae.decoder.hidden_size='
+                     f'{settings.decoder.hidden_size} is not divisible by '
+                     f'num_heads={settings.decoder.num_heads}.')
+  return settings
+
+
+def to_display(images, pp):
+  """Model inputs -> [0, 1] pixels: undoes `input_pipeline`'s normalization."""
+  images = np.asarray(images, np.float32)
+  if pp.get('mean') is None and pp.get('std') is None:
+    return np.clip((images + 1) / 2, 0, 1)
+  mean = np.asarray(pp.get('mean') or (0.5,) * 3, np.float32)
+  std = np.asarray(pp.get('std') or (0.5,) * 3, np.float32)
+  return np.clip(images * std + mean, 0, 1)
+
+
+def reconstruct(model, params, images, rng, ratio, norm_pix):
+  """(mask (n, H, W, 1), 1 on removed pixels; reconstruction (n, H, W, C)).
+
+  With `norm_pix` the predicted patches are un-normalized with the true
+  patch's own mean and std (as the paper's pictures); the visible patches
+  are pasted back in.
+  """
+  n, height, width, _ = images.shape
+  grid = (height // model.patch[0], width // model.patch[1])
+  keep, mask = models_mae.random_keep(rng, n, grid[0] * grid[1], ratio)
+  pred = model.apply({'params': params}, images, keep, train=False)
+  target = models_mae.patchify(images, model.patch)
+  if norm_pix:
+    mean, std = models_mae.patch_stats(target)
+    pred = pred * std + mean
+  m = mask[..., None]
+  recon = models_mae.unpatchify(pred * m + target * (1 - m), model.patch, grid)
+  mask_pixels = models_mae.unpatchify(
+      jnp.broadcast_to(m, pred.shape[:2] + (model.patch[0] * model.patch[1],)),
+      model.patch, grid)
+  return np.asarray(mask_pixels), np.asarray(recon)
+
+
+def draw(images, mask, recon):
+  """The Figure 2 grid: rows of images, masked images, reconstructions, each
+  in [0, 1]; returns a matplotlib Figure (no pyplot state)."""
+  masked = np.where(mask > 0, MASK_GRAY, images)
+  rows = (('image', images), ('masked', masked), ('reconstruction', recon))
+  n = len(images)
+  fig = figure.Figure(figsize=(1.2 * n + 1.2, 3.8), dpi=90)
+  axes = fig.subplots(3, n, squeeze=False)
+  for i, (label, row) in enumerate(rows):
+    for j in range(n):
+      axes[i, j].imshow(row[j], vmin=0, vmax=1, interpolation='nearest')
+      axes[i, j].set_xticks([])
+      axes[i, j].set_yticks([])
+    axes[i, 0].set_ylabel(label, fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
+class Task:
+  """A masked autoencoder: its encoder is the model that is exported."""
+
+  param_labels = None  # every parameter trains
+
+  def __init__(self, config, workdir, mesh, *, training=True):
+    del training, workdir
+    self.settings = check_settings(config)
+    self.config, self.mesh = config, mesh
+    encoder = models_mae.encoder_config(config.model.to_dict())
+    self.grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
+    self.num_patches = self.grid[0] * self.grid[1]
+    models_mae.num_kept(self.num_patches, self.settings.mask_ratio)  # checks
+    self.info = input_pipeline.get_dataset_info(
+        input_pipeline.get_builder(config), config)
+    self.model = models_mae.MaskedAutoencoder(
+        encoder=encoder, decoder=dict(self.settings.decoder))
+    # What the evaluators see and the .npz holds: the encoder as a ViT
+    # without a head (its class token after the final norm).
+    self.exported_model = models_vit.VisionTransformer(num_classes=None,
+                                                       **encoder)
+    self.image_shape = (1, config.pp.crop, config.pp.crop, 3)
+
+  def init_params(self, rng):
+    keep = jnp.arange(self.num_patches)[None]
+    return self.model.init(rng, jnp.zeros(self.image_shape), keep,
+                           train=False)['params']
+
+  def exported_params(self, params):
+    return params['encoder']
+
+  def check_initial_files(self):
+    path = loop.pretrained_path(self.config)
+    if path:
+      storage.local_copy(path)  # fails fast; fetched once if remote
+
+  def initial_params(self, params):
+    """The encoder from `pretrained_path` (continued pretraining), or None."""
+    path = loop.pretrained_path(self.config)
+    if not path:
+      return None
+    params['encoder'] = checkpoint.load_params(
+        path, init_params=params['encoder'], model_config=self.config.model,
+        new_grid=self.grid)
+    print(f'MAE from the encoder {path}.', flush=True)
+    return params
+
+  def train_step(self, state, batch, *, rng):
+    """One micro-batch: a fresh mask per image, the loss on masked patches."""
+    images = batch['image']
+    chex.assert_rank(images, 4)
+    mask_rng, dropout_rng = jax.random.split(jax.random.fold_in(rng,
+                                                                state.step))
+    keep, mask = models_mae.random_keep(mask_rng, images.shape[0],
+                                        self.num_patches,
+                                        self.settings.mask_ratio)
+    target = models_mae.patchify(images, self.model.patch)
+
+    def compute_loss(params):
+      pred = state.apply_fn({'params': params}, images, keep, train=True,
+                            rngs={'dropout': dropout_rng})
+      return models_mae.mae_loss(pred, target, mask,
+                                 self.settings.norm_pix_loss)
+
+    value, grads = jax.value_and_grad(compute_loss)(state.params)
+    return state.apply_gradients(grads=grads), {'loss': value}
+
+  def batches(self, *, batch_size, rows, start_step):
+    """This process's rows of the training images; labels are not used."""
+    for batch in input_pipeline.train_iterator(
+        self.info, self.config, batch_size=batch_size, rows=rows,
+        start_step=start_step):
+      yield {'image': batch['image']}
+
+  def finish(self, params, workdir):
+    """Writes `{workdir}/mae_reconstructions.png` from the first test
+    images (process 0)."""
+    if not all(x.is_fully_addressable for x in jax.tree.leaves(params)):
+      params = multihost_utils.process_allgather(params, tiled=True)
+    if jax.process_index():
+      return
+    images = next(input_pipeline.eval_batches(
+        self.info, self.config, batch_size=PICTURE_IMAGES))['image']
+    rng = jax.random.key(self.config.seed)
+    mask, recon = reconstruct(self.model, jax.device_get(params), images, rng,
+                              self.settings.mask_ratio,
+                              self.settings.norm_pix_loss)
+    fig = draw(to_display(images, self.config.pp), mask,
+               to_display(recon, self.config.pp))
+    path = epath.Path(storage.join(workdir, PICTURE))
+    with path.open('wb') as f:
+      fig.savefig(f, format='png')
+    print(f'Reconstructions: {path}', flush=True)
