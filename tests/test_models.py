@@ -21,6 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # timm's ResNetV2(layers=(2, 2, 2, 2)) and (layers=(1, 1),
 # channels=(256, 512), width_factor=0.5), stem_type='fixed'; DeiT-testing
 # timm's DeiT of its shapes at 32 px plus 768 patches' position entries.
+# DINOv2, DeiT III and MAE: timm's counts (timm 1.0.31, img_size=224,
+# num_classes=1000) of vit_{small,base,large,giant}_patch14[_reg4]_dinov2,
+# deit3_{small,medium,base,large}_patch16_224, deit3_huge_patch14_224 and
+# vit_{base,large}_patch16_224.mae, vit_huge_patch14_224.mae; the 'testing'
+# ones timm's VisionTransformer(embed_dim=32, depth=2, num_heads=2,
+# mlp_ratio=2) with the preset's patch, init_values, reg_tokens and
+# no_embed_class.
 MODEL_SIZES = {
     'BiT-R101x1': 44_541_480,
     'BiT-R152x2': 236_335_208,
@@ -36,11 +43,31 @@ MODEL_SIZES = {
     'DeiT-Ti_16-distilled': 5_910_800,
     'DeiT-testing': 81_480,
     'DeiT-testing-distilled': 114_544,
+    'DeiT3-B_16': 86_585_320,
+    'DeiT3-H_14': 632_126_440,
+    'DeiT3-L_16': 304_374_760,
+    'DeiT3-M_16': 38_849_512,
+    'DeiT3-S_16': 22_059_496,
+    'DeiT3-testing': 81_192,
+    'DINOv2-B_14': 86_493_928,
+    'DINOv2-B_14-reg4': 86_496_232,
+    'DINOv2-L_14': 304_252_904,
+    'DINOv2-L_14-reg4': 304_255_976,
+    'DINOv2-S_14': 22_013_800,
+    'DINOv2-S_14-reg4': 22_014_952,
+    'DINOv2-g_14': 1_136_306_664,
+    'DINOv2-g_14-reg4': 1_136_311_272,
+    'DINOv2-testing': 77_384,
+    'DINOv2-testing-reg4': 77_480,
     'LiT-B16B': 195_871_489,
     'LiT-B16B_2': 195_280_897,
     'LiT-L16L': 638_443_521,
     'LiT-L16S': 331_140_353,
     'LiT-L16Ti': 311_913_089,
+    'MAE-B_16': 86_567_656,
+    'MAE-H_14': 632_045_800,
+    'MAE-L_16': 304_326_632,
+    'MAE-testing': 81_096,
     'Mixer-B_16': 59_880_472,
     'Mixer-B_32': 60_293_428,
     'Mixer-L_16': 208_196_168,

@@ -5,6 +5,8 @@ LitModel for 'LiT-', a ResNetV2 for 'BiT-' and a VisionTransformer
 otherwise.
 """
 
+from typing import Optional
+
 import ml_collections
 
 from vit_jax import cli
@@ -55,6 +57,37 @@ _DEITS = {
     'DeiT-Ti_16': (192, 768, 3, 12, 16),
     'DeiT-S_16': (384, 1536, 6, 12, 16),
     'DeiT-B_16': (768, 3072, 12, 12, 16),
+}
+
+# timm's self-supervised and DeiT III ViTs: exact GELU, class token, no
+# dropout. DINOv2 (Oquab et al., 2023) has LayerScale 1e-5 and each a
+# '-reg4' twin with 4 registers (Darcet et al., 2024) and a table without
+# the prefix tokens; DINOv2-g's MLP is a SwiGLU. DeiT III (Touvron et al.,
+# 2022) has LayerScale 1e-6 and a table without the class token. MAE (He et
+# al., 2022) encoders are plain ViTs. The 'testing' presets match small
+# timm models made for the golden files.
+# name: (hidden_size, mlp_dim, num_heads, num_layers, patch)
+_DINOV2S = {
+    'DINOv2-testing': (32, 64, 2, 2, 14),
+    'DINOv2-S_14': (384, 1536, 6, 12, 14),
+    'DINOv2-B_14': (768, 3072, 12, 12, 14),
+    'DINOv2-L_14': (1024, 4096, 16, 24, 14),
+    # timm's fc1 of 8192 features: both halves of the SwiGLU.
+    'DINOv2-g_14': (1536, 4096, 24, 40, 14),
+}
+_DEIT3S = {
+    'DeiT3-testing': (32, 64, 2, 2, 16),
+    'DeiT3-S_16': (384, 1536, 6, 12, 16),
+    'DeiT3-M_16': (512, 2048, 8, 12, 16),
+    'DeiT3-B_16': (768, 3072, 12, 12, 16),
+    'DeiT3-L_16': (1024, 4096, 16, 24, 16),
+    'DeiT3-H_14': (1280, 5120, 16, 32, 14),
+}
+_MAES = {
+    'MAE-testing': (32, 64, 2, 2, 16),
+    'MAE-B_16': (768, 3072, 12, 12, 16),
+    'MAE-L_16': (1024, 4096, 16, 24, 16),
+    'MAE-H_14': (1280, 5120, 16, 32, 14),
 }
 
 # BiT's ResNet-v2 classifiers (Kolesnikov et al., 2020), named as BiT's
@@ -115,10 +148,18 @@ def _vit(name, hidden, mlp, heads, layers, patch, dropout, classifier):
           # Memory savers (docs/performance.md).
           'remat_policy': 'none',
           'scan': False,
+          # timm's models' options (`_timm_vit`), off for Google's.
+          'gelu_approximate': True,
+          # A typed None, which a command line can set.
+          'layerscale_init': ml_collections.config_dict.placeholder(float),
+          'swiglu': False,
       },
       'classifier': classifier,
       'representation_size': None,
       'posemb': 'learn',
+      'num_registers': 0,
+      'posemb_prefix': True,
+      'fc_norm': False,
       'dtype': 'float32',  # of the computation; parameters stay float32
   })
 
@@ -140,6 +181,25 @@ def _deits(name, hidden, mlp, heads, layers, patch):
                   classifier)
     config.transformer.gelu_approximate = False
     yield config
+
+
+def _timm_vit(name, hidden, mlp, heads, layers, patch, layerscale_init=None,
+              posemb_prefix=True, num_registers=0):
+  """A ViT preset of timm's weights: exact GELU, class token, no dropout."""
+  config = _vit(name, hidden, mlp, heads, layers, patch, 0.0, 'token')
+  config.transformer.gelu_approximate = False
+  config.transformer.layerscale_init = layerscale_init
+  config.transformer.swiglu = name.startswith('DINOv2-g')
+  config.posemb_prefix = posemb_prefix
+  config.num_registers = num_registers
+  return config
+
+
+def _dinov2s(name, *row):
+  """The DINOv2 preset `name` and its '-reg4' twin (4 registers)."""
+  yield _timm_vit(name, *row, layerscale_init=1e-5)
+  yield _timm_vit(name + '-reg4', *row, layerscale_init=1e-5,
+                  posemb_prefix=False, num_registers=4)
 
 
 def _bit(name, num_layers, width_factor):
@@ -182,15 +242,37 @@ def _lit(name, image, out_dim, text_model, text):
 
 
 # Pixel mean and std (of pixels in [0, 1]) that a preset's weights expect:
-# Google's checkpoints take [-1, 1]; timm's DeiT ImageNet's statistics. The
+# Google's checkpoints take [-1, 1]; timm's ImageNet's statistics. The
 # models never normalize; the data pipelines, predict and analysis do.
 NORMALIZATIONS = {'google': ((0.5,) * 3, (0.5,) * 3),
                   'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+_TIMM_PREFIXES = ('DeiT-', 'DeiT3-', 'DINOv2-', 'MAE-')
+
+
+def weights_source(name: str) -> str:
+  """'timm' for the presets of timm's weights (DeiT, DeiT III, DINOv2,
+  MAE), else 'google'."""
+  return 'timm' if name.startswith(_TIMM_PREFIXES) else 'google'
 
 
 def input_normalization(name: str):
   """(mean, std) of the inputs that the preset `name` expects."""
-  return NORMALIZATIONS['imagenet' if name.startswith('DeiT-') else 'google']
+  return NORMALIZATIONS[
+      'imagenet' if weights_source(name) == 'timm' else 'google']
+
+
+def posemb_resize_method(name: str) -> str:
+  """How a preset's position table is resized to a new grid: as its
+  weights' source does (timm's antialiased bicubic, or Google's bicubic)."""
+  return 'bicubic_antialias' if weights_source(name) == 'timm' else 'bicubic'
+
+
+def native_resolution(name: str) -> Optional[int]:
+  """The image side of the preset's published weights (DINOv2: 518 px,
+  other ViTs 224 px); None for other models and custom names."""
+  if name not in MODEL_CONFIGS or name.startswith(('Mixer-', 'LiT-', 'BiT-')):
+    return None
+  return 518 if name.startswith('DINOv2-') else 224
 
 
 class UnknownPreset(KeyError, ValueError):
@@ -215,6 +297,11 @@ MODEL_CONFIGS = Presets({
         *(_hybrid(name, *row) for name, row in _HYBRIDS.items()),
         *(config for name, row in _DEITS.items()
           for config in _deits(name, *row)),
+        *(config for name, row in _DINOV2S.items()
+          for config in _dinov2s(name, *row)),
+        *(_timm_vit(name, *row, layerscale_init=1e-6, posemb_prefix=False)
+          for name, row in _DEIT3S.items()),
+        *(_timm_vit(name, *row) for name, row in _MAES.items()),
         *(_bit(name, *row) for name, row in _BITS.items()),
         *(_mixer(name, *row) for name, row in _MIXERS.items()),
         *(_lit(name, *row) for name, row in _LITS.items()),

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import cli
+from vit_jax import model_configs
 from vit_jax import models_lit
 from vit_jax import models_mixer
 from vit_jax import models_resnet
@@ -67,7 +68,8 @@ def _main(argv):
     print(f'{FLAGS.name}: {count_params(get_model(FLAGS.name)):,} parameters')
     return
   model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)
-  shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
+  size = FLAGS.size or model_configs.native_resolution(FLAGS.name) or 224
+  shape = (FLAGS.batch, size, size, 3)
   logits, _ = jax.eval_shape(lambda: model.init_with_output(  # no compute
       jax.random.key(1), jnp.zeros(shape), train=False))
   print(f'{FLAGS.name}: {count_params(model, shape):,} parameters; images '
@@ -77,7 +79,8 @@ def _main(argv):
 if __name__ == '__main__':
   flags.DEFINE_string('name', 'ViT-B_16', 'Model preset.')
   flags.DEFINE_integer('num_classes', 1000, 'Head size.')
-  flags.DEFINE_integer('size', 224, 'Image side.')
+  flags.DEFINE_integer('size', None, "Image side (default: the preset's "
+                       'native resolution, else 224).')
   flags.DEFINE_integer('batch', 2, 'Batch size.')
   FLAGS = flags.FLAGS
   cli.run(_main)
