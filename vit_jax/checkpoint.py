@@ -15,6 +15,7 @@ from flax import traverse_util
 import jax
 import numpy as np
 
+from vit_jax import model_configs
 from vit_jax import models
 from vit_jax import models_vit
 from vit_jax import posemb_resize
@@ -95,7 +96,7 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
     tokens = shape_of(tables['pos_embedding_row'])[1]**2
   elif 'pos_embedding' in tables:
     tokens = shape_of(tables['pos_embedding'])[1] - (
-        models_vit.num_prefix_tokens(model_config))
+        models_vit.posemb_prefix_tokens(model_config))
   else:
     raise ValueError('The checkpoint has no position table that fixes its '
                      'resolution: give the image size.')
@@ -208,6 +209,15 @@ def _fit_head(params, init_params, new_head, path):
     _note(path, "the model's initial pre_logits (the file has none)")
 
 
+def default_resize_method(model_config) -> str:
+  """How the position tables of `model_config`'s preset are resized: as its
+  weights' source does ('bicubic' for a name that is no preset)."""
+  name = model_config.get('model_name') or ''
+  if name not in models.MODEL_CONFIGS:
+    return 'bicubic'
+  return model_configs.posemb_resize_method(name)
+
+
 def load_params(path,
                 *,
                 init_params: Mapping[str, Any],
@@ -215,7 +225,7 @@ def load_params(path,
                 new_head: bool = False,
                 new_grid: Optional[Tuple[int, int]] = None,
                 old_grid: Optional[Tuple[int, int]] = None,
-                resize_method: str = 'bicubic',
+                resize_method: Optional[str] = None,
                 resize_posemb: bool = True,
                 found: Optional[Params] = None) -> Params:
   """The parameters of the checkpoint at `path`, fitted to a model.
@@ -228,7 +238,9 @@ def load_params(path,
   is kept if the model has a head and dropped if not; so is `pre_logits`.
   Unless `resize_posemb` is False, position tables are resized to the
   model's grid as in `load_pretrained` (`new_grid` and `old_grid`: (h, w)
-  if not square). Each change is printed as one line on stderr.
+  if not square), by `resize_method` (default: as the weights' source
+  does, `default_resize_method`). Each change is printed as one line on
+  stderr.
 
   `init_params` may be shapes (`jax.eval_shape`) unless `new_head` needs
   the model's initial head; `model_config` gives `classifier` ('token') and
@@ -240,6 +252,7 @@ def load_params(path,
   if posemb not in models_vit.POSEMBS:
     raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
                      f'of {models_vit.POSEMBS}.')
+  resize_method = resize_method or default_resize_method(model_config)
   posemb_resize.check_method(resize_method)
   tables = set(_posembed_input(init_params))
   if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
@@ -256,7 +269,7 @@ def load_params(path,
                      traverse_util.flatten_dict(init_params, sep='/'), path)
   if resize_posemb:
     _resize_posemb(params, init_params, path, posemb,
-                   models_vit.num_prefix_tokens(model_config),
+                   models_vit.posemb_prefix_tokens(model_config),
                    resize_method, new_grid=new_grid, old_grid=old_grid)
   return inspect_params(params=params, expected=init_params,
                         source=f'Checkpoint {path}')
@@ -268,12 +281,12 @@ def load_pretrained(*,
                     model_config,
                     new_grid: Optional[Tuple[int, int]] = None,
                     old_grid: Optional[Tuple[int, int]] = None,
-                    resize_method: str = 'bicubic') -> Params:
+                    resize_method: Optional[str] = None) -> Params:
   """Loads a checkpoint to fine-tune the model of `init_params`: the
   original's name for `load_params(..., new_head=True)`, which see.
 
   At a new resolution (Sec. 3.2 of the paper) 'learn' tables are resized in
-  2-D on the patch grid (the class entry kept) and 'learn2d' ones in 1-D; a
+  2-D on the patch grid (prefix entries kept) and 'learn2d' ones in 1-D; a
   Mixer cannot change resolution. `init_params` holds arrays: the fresh
   head (and `pre_logits`, if the file has none) come from it.
   """
