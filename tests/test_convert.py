@@ -115,8 +115,8 @@ def test_command_line_and_errors(tmp_path):
   with pytest.raises(ValueError, match='expected a .safetensors'):
     convert.read_timm(str(tmp_path / 'v.npz.txt'))
   state = load_file(os.path.join(DATA, 'timm_vit.safetensors'))
-  state['fc_norm.weight'] = np.ones(10, np.float32)
-  with pytest.raises(ValueError, match="'fc_norm.weight' has no counterpart"):
+  state['norm_pre.weight'] = np.ones(10, np.float32)
+  with pytest.raises(ValueError, match="'norm_pre.weight' has no counterpart"):
     convert.timm_to_npz(state, heads=2)
   flat = convert.timm_to_npz(load_file(os.path.join(
       DATA, 'timm_vit.safetensors')), heads=2)
@@ -242,12 +242,7 @@ def test_avg_pooling_with_class_token_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize('case,setting', [
-    ('layerscale', 'init_values=1e-05'),
-    ('registers', 'reg_tokens=1'),
     ('qk_norm', 'qk_norm=True'),
-    ('no_embed_class', 'no_embed_class=True'),
-    ('deit3', 'no_embed_class=True'),  # set by the architecture's entrypoint
-    ('avg_fc_norm', 'fc_norm=None'),  # timm's default: a norm after the mean
     ('map', "global_pool='map'"),
     ('pre_norm', 'pre_norm=True'),
     ('dynamic_img_size', 'dynamic_img_size=True'),
@@ -262,11 +257,8 @@ def test_what_vit_jax_cannot_compute_is_refused(tmp_path, case, setting):
 
 
 @pytest.mark.parametrize('case,keys', [
-    ('layerscale', "'blocks.0.ls1.gamma', 'blocks.0.ls2.gamma'"),
-    ('registers', "'reg_token'"),
     ('qk_norm', "'blocks.0.attn.q_norm.weight'"),
     ('map', "'attn_pool."),
-    ('avg_fc_norm', "'fc_norm.bias', 'fc_norm.weight'"),
 ])
 def test_weights_alone_name_what_has_no_counterpart(tmp_path, case, keys):
   shutil.copy(os.path.join(HF, case, 'model.safetensors'), tmp_path)
@@ -276,11 +268,34 @@ def test_weights_alone_name_what_has_no_counterpart(tmp_path, case, keys):
   assert sorted(os.listdir(tmp_path)) == ['model.safetensors']
 
 
+@pytest.mark.parametrize('case,want', [
+    ('layerscale', {'transformer': {'layerscale_init': 1e-5}}),
+    ('registers', {'num_registers': 1}),
+    ('no_embed_class', {'posemb_prefix': False}),
+    ('deit3', {'posemb_prefix': False,  # set by the architecture's entrypoint
+               'transformer': {'layerscale_init': 1e-6}}),
+    ('avg_fc_norm', {'classifier': 'gap', 'fc_norm': True}),  # timm's default
+])
+def test_timm_options_are_carried_over(case, want):
+  """What used to be refused (LayerScale, registers, a table without the
+  class entry, a norm after the mean) maps to vit_jax's model options; the
+  logits are checked on tests/data/timm_ssl (tests/test_convert_ssl.py)."""
+  with open(os.path.join(HF, case, 'config.json')) as f:
+    got = convert.vit_overrides(convert.timm_settings(json.load(f)))
+  for key, value in want.items():
+    if isinstance(value, dict):
+      assert {k: got[key][k] for k in value} == value
+    else:
+      assert got[key] == value
+
+
 def test_weights_alone_without_a_class_position(tmp_path):
+  """A square table with a class token: timm's no_embed_class."""
   shutil.copy(os.path.join(HF, 'no_embed_class', 'model.safetensors'),
               tmp_path)
-  with pytest.raises(ValueError, match='no_embed_class=True'):
-    convert.from_timm(str(tmp_path / 'model.safetensors'))
+  flat = convert.timm_to_npz(load_file(str(tmp_path / 'model.safetensors')),
+                             heads=2)
+  assert convert._dims(flat)['posemb_prefix'] is False
 
 
 def test_weights_alone_say_what_is_assumed(tmp_path, capsys):

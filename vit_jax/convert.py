@@ -14,8 +14,12 @@ as a note on stderr says. The preset is inferred from the shapes and the
 heads (`--model_name` to choose it, refused if it does not fit). The eval
 transform and the settings that differ from the preset go beside the `.npz`
 (`preprocess.save_transform`). ViTs (DeiT's distilled ones too: `dist_token`
-and `head_dist` become `dist` and `head_dist`), hybrids and (without
-`config.json`) MLP-Mixers are converted. `.safetensors` is read with
+and `head_dist` become `dist` and `head_dist`; LayerScale, registers, a
+table without the prefix entries, `fc_norm` and SwiGLU: DINOv2, DeiT III,
+MAE), hybrids and (without `config.json`) MLP-Mixers are converted. MAE's
+encoder is a plain ViT: its `config.json` tag 'mae' (the hub's
+`timm/vit_base_patch16_224.mae`) or `--model_name=MAE-B_16` picks the
+preset. `.safetensors` is read with
 safetensors' numpy API, a torch `.pth`/`.bin` with
 `torch.load(weights_only=True)` (both optional: `pip install -e
 '.[convert]'`).
@@ -47,6 +51,9 @@ Flat = Dict[str, np.ndarray]
 _VIT = [
     (r'cls_token', 'cls'),
     (r'dist_token', 'dist'),
+    (r'reg_token', 'reg'),
+    (r'blocks\.(\d+)\.ls([12])\.gamma',
+     r'Transformer/encoderblock_\1/ls\2/scale'),
     (r'pos_embed', 'Transformer/posembed_input/pos_embedding'),
     (r'patch_embed\.proj\.(weight|bias)', r'embedding/\1'),
     (r'blocks\.(\d+)\.norm1\.(weight|bias)',
@@ -58,6 +65,7 @@ _VIT = [
     (r'blocks\.(\d+)\.mlp\.fc2\.(weight|bias)',
      r'Transformer/encoderblock_\1/MlpBlock_3/Dense_1/\2'),
     (r'norm\.(weight|bias)', r'Transformer/encoder_norm/\1'),
+    (r'fc_norm\.(weight|bias)', r'fc_norm/\1'),
     (r'head\.(weight|bias)', r'head/\1'),
     (r'head_dist\.(weight|bias)', r'head_dist/\1'),
 ]
@@ -138,8 +146,8 @@ def _npz_name(key: str, rules) -> str:
     if match:
       name = match.expand(target) if isinstance(target, str) else target(
           match)
-      norm = re.search(r'(LayerNorm_\d|encoder_norm|pre_head_layer_norm|'
-                       r'gn\w*)/weight$', name)
+      norm = re.search(r'(LayerNorm_\d|encoder_norm|fc_norm|'
+                       r'pre_head_layer_norm|gn\w*)/weight$', name)
       return re.sub(r'/weight$', '/scale' if norm else '/kernel', name)
   return None
 
@@ -163,8 +171,8 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
     raise ValueError(
         f'timm key{"s" if len(unknown) > 1 else ""} {shown}{more} '
         f'{"have" if len(unknown) > 1 else "has"} no counterpart in vit_jax '
-        '(LayerScale, registers, a query/key or pooled norm, attention '
-        'pooling, or another layer that vit_jax does not have).')
+        '(a query/key norm, attention pooling, or another layer that '
+        'vit_jax does not have).')
   return out
 
 
@@ -172,9 +180,10 @@ def _missing(flat: Flat) -> list:
   """What a ViT's published names lack of what every ViT has."""
   if 'stem/kernel' in flat:
     return []
+  norm = 'fc_norm' if 'fc_norm/scale' in flat else 'Transformer/encoder_norm'
   need = ['embedding/kernel', 'embedding/bias',
-          'Transformer/posembed_input/pos_embedding',
-          'Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
+          'Transformer/posembed_input/pos_embedding', f'{norm}/scale',
+          f'{norm}/bias']
   blocks = {m[1] for k in flat
             for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
   leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')
@@ -184,6 +193,8 @@ def _missing(flat: Flat) -> list:
   leaves += [f'MultiHeadDotProductAttention_1/{part}/{leaf}'
              for part in ('query', 'key', 'value', 'out')
              for leaf in ('kernel', 'bias')]
+  if any(re.search('/ls[12]/scale$', k) for k in flat):  # all or none
+    leaves += ['ls1/scale', 'ls2/scale']
   need += [f'Transformer/encoderblock_{b}/{leaf}' for b in sorted(blocks)
            for leaf in leaves]
   return [name for name in need if name not in flat]
@@ -198,11 +209,12 @@ def _timm_keys(flat: Flat) -> list:
         'norm1', 'norm2', 'mlp_tokens.fc1', 'mlp_tokens.fc2',
         'mlp_channels.fc1', 'mlp_channels.fc2']
   else:
-    top = ['patch_embed.proj', 'norm', 'head', 'head_dist']
+    top = ['patch_embed.proj', 'norm', 'fc_norm', 'head', 'head_dist']
     inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.fc2']
   modules = top + [f'blocks.{i}.{n}' for i in sorted(blocks) for n in inner]
-  keys = ['cls_token', 'dist_token', 'pos_embed'] + [
+  keys = ['cls_token', 'dist_token', 'reg_token', 'pos_embed'] + [
       f'{m}.{w}' for m in modules for w in ('weight', 'bias')]
+  keys += [f'blocks.{i}.ls{j}.gamma' for i in sorted(blocks) for j in (1, 2)]
   backbone = 'patch_embed.backbone.'
   keys += [backbone + 'stem.conv.weight', backbone + 'stem.norm.weight',
            backbone + 'stem.norm.bias']
@@ -253,14 +265,17 @@ def npz_to_timm(flat: Flat) -> Flat:
 _SIZES = {
     'tiny': dict(embed_dim=192, depth=12, num_heads=3),
     'small': dict(embed_dim=384, depth=12, num_heads=6),
+    'medium': dict(embed_dim=512, depth=12, num_heads=8),
     'base': dict(embed_dim=768, depth=12, num_heads=12),
     'large': dict(embed_dim=1024, depth=24, num_heads=16),
     'huge': dict(embed_dim=1280, depth=32, num_heads=16),
+    'giant': dict(embed_dim=1536, depth=40, num_heads=24),  # DINOv2's
 }
 # timm VisionTransformer's defaults for what is read below.
 _VIT_DEFAULTS = dict(global_pool='token', class_token=True, fc_norm=None,
                      act_layer=None, patch_size=16, mlp_ratio=4.,
-                     distilled=False)
+                     distilled=False, init_values=None, no_embed_class=False,
+                     reg_tokens=0, mlp_layer=None)
 # Arguments that vit_jax computes only at timm's default, and why not else.
 _FIXED = {
     'qkv_bias': (True, 'its attention has no query/key/value biases'),
@@ -269,11 +284,6 @@ _FIXED = {
                 'attn.k_norm)'),
     'scale_attn_norm': (False, 'it normalizes inside the attention'),
     'scale_mlp_norm': (False, 'it normalizes inside the MLP'),
-    'init_values': (None, 'LayerScale (blocks.N.ls1.gamma, ls2.gamma) '
-                    'scales each residual branch'),
-    'no_embed_class': (False, 'the class token gets no position embedding, '
-                       'where vit_jax adds one to every token'),
-    'reg_tokens': (0, 'register tokens (reg_token) come with the class token'),
     'pre_norm': (False, 'a LayerNorm (norm_pre) comes before the blocks'),
     'final_norm': (True, 'no LayerNorm comes after the blocks'),
     'pos_embed': ('learn', 'vit_jax converts only a learned position table'),
@@ -287,11 +297,11 @@ _FIXED = {
     'embed_layer': (None, 'another patch embedding'),
     'block_fn': (None, 'another block'),
     'attn_layer': (None, 'another attention'),
-    'mlp_layer': (None, 'another MLP'),
 }
 # Carried over to vit_jax (or checked against the weights and the preset).
 _MAPPED = {'global_pool', 'class_token', 'fc_norm', 'act_layer', 'embed_dim',
-           'depth', 'num_heads', 'mlp_ratio', 'patch_size', 'distilled'}
+           'depth', 'num_heads', 'mlp_ratio', 'patch_size', 'distilled',
+           'init_values', 'no_embed_class', 'reg_tokens', 'mlp_layer'}
 # Training, initialization, or what the weights' shapes say anyway.
 _INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
           'patch_drop_rate', 'proj_drop_rate', 'attn_drop_rate',
@@ -322,8 +332,21 @@ def _architecture_args(name: str) -> Dict[str, Any]:
                         r'_\d+', name)
   if hybrid:  # patches of the ResNet's feature map
     return dict(_SIZES[hybrid[1]], patch_size=int(hybrid[2] or 1))
-  if re.fullmatch(r'deit3_\w+', name):
-    return dict(no_embed_class=True, init_values=1e-6)
+  deit3 = re.fullmatch(r'deit3_(small|medium|base|large|huge)_patch(\d+)_'
+                       r'\d+(?:_\w+)?', name)
+  if deit3:
+    return dict(_SIZES[deit3[1]], patch_size=int(deit3[2]),
+                no_embed_class=True, init_values=1e-6)
+  dinov2 = re.fullmatch(r'vit_(small|base|large|giant)_patch14_(reg4_)?'
+                        r'dinov2', name)
+  if dinov2:
+    args = dict(_SIZES[dinov2[1]], patch_size=14, init_values=1e-5)
+    if dinov2[2]:
+      args.update(reg_tokens=4, no_embed_class=True)
+    if dinov2[1] == 'giant':  # timm's fc1 of 8192 = 2 x 4096 features
+      args.update(mlp_ratio=2.66667 * 2, mlp_layer='swiglu_packed',
+                  act_layer='silu')
+    return args
   if re.fullmatch(r'mixer_[sbl](16|32)_224', name):
     raise _unsupported('act_layer', 'GELU', "timm's MlpMixer computes the "
                        "exact GELU, vit_jax's its tanh form")
@@ -331,8 +354,9 @@ def _architecture_args(name: str) -> Dict[str, Any]:
       f"timm architecture {name!r} is not one that vit_jax.convert knows: its "
       'entrypoint sets arguments that config.json does not record. Known: '
       'vit_{tiny,small,base,large,huge}_patchP_S, deit_*_patchP_S, '
-      'deit_*_distilled_patchP_S, vit_{base,huge}_patchP_gap_S and the R+ViT '
-      'hybrids vit_*_r*_s*.')
+      'deit_*_distilled_patchP_S, deit3_*_patchP_S, vit_*_patch14_[reg4_]'
+      'dinov2, vit_{base,huge}_patchP_gap_S and the R+ViT hybrids '
+      'vit_*_r*_s*.')
 
 
 def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -367,11 +391,6 @@ def _classifier(settings) -> str:
     raise _unsupported('global_pool', pool, 'with class_token=True timm '
                        "averages the patch tokens, leaving out the class "
                        "token; vit_jax's 'gap' has no class token")
-  if pool == 'avg' and _uses_fc_norm(settings):
-    raise _unsupported('fc_norm', settings['fc_norm'], "with global_pool='avg' "
-                       'timm normalizes the mean of the tokens (fc_norm: on '
-                       "unless False); vit_jax's 'gap' averages normalized "
-                       'tokens')
   if pool == 'avg':
     return 'gap'
   if pool == 'token':
@@ -401,7 +420,19 @@ def _gelu_approximate(act) -> bool:
   if act == 'gelu_tanh':
     return True
   raise _unsupported('act_layer', act, "vit_jax's MLP computes GELU (exact "
-                     "or tanh) only")
+                     "or tanh), or SwiGLU, only")
+
+
+def _mlp(settings) -> Dict[str, Any]:
+  """vit_jax's MLP settings for timm's mlp_layer and act_layer."""
+  if settings['mlp_layer'] is None:
+    return {'gelu_approximate': _gelu_approximate(settings['act_layer']),
+            'swiglu': False}
+  if settings['mlp_layer'] == 'swiglu_packed' and settings['act_layer'] in (
+      'silu', 'swish'):  # timm's SwiGLUPacked: silu(x1) * x2, x1 first
+    return {'gelu_approximate': False, 'swiglu': True}
+  raise _unsupported('mlp_layer', settings['mlp_layer'], "vit_jax's MLP is "
+                     "timm's Mlp (GELU) or SwiGLUPacked (SiLU)")
 
 
 def vit_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -413,14 +444,18 @@ def vit_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
     if key not in _FIXED and key not in _MAPPED | _INERT:
       raise _unsupported(key, value, 'vit_jax.convert does not know what it '
                          'changes')
-  return {'classifier': _classifier(settings),
-          'transformer': {
-              'gelu_approximate': _gelu_approximate(settings['act_layer'])}}
+  classifier = _classifier(settings)
+  return {'classifier': classifier,
+          'fc_norm': classifier == 'gap' and _uses_fc_norm(settings),
+          'num_registers': settings['reg_tokens'],
+          'posemb_prefix': not settings['no_embed_class'],
+          'transformer': dict(_mlp(settings),
+                              layerscale_init=settings['init_values'])}
 
 
-def _fc_norm_as_final(state: Flat, settings) -> Flat:
+def _fc_norm_as_final(state: Flat, token_pooling: bool) -> Flat:
   """Token pooling with fc_norm: its weights are the final norm's."""
-  if settings['global_pool'] != 'token' or not _uses_fc_norm(settings):
+  if not token_pooling:
     return state
   return {re.sub(r'^fc_norm\.', 'norm.', k): v for k, v in state.items()}
 
@@ -450,10 +485,34 @@ def _dims(flat: Flat) -> Dict[str, Any]:
         channels_mlp_dim=flat['MixerBlock_0/channel_mixing/Dense_0/kernel']
         .shape[-1])
   kernel = flat['embedding/kernel']
+  mlp = 'Transformer/encoderblock_0/MlpBlock_3/Dense_{}/kernel'
+  mlp_dim = flat[mlp.format(1)].shape[0]
   return dict(
       width=kernel.shape[-1], depth=len(blocks), patch=kernel.shape[:2],
-      mlp_dim=flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel']
-      .shape[-1], resnet=_resnet_layers(flat), dist_token='dist' in flat)
+      mlp_dim=mlp_dim, resnet=_resnet_layers(flat), dist_token='dist' in flat,
+      # Model options: a preset without them takes them as overrides.
+      swiglu=flat[mlp.format(0)].shape[-1] == 2 * mlp_dim,
+      layerscale='Transformer/encoderblock_0/ls1/scale' in flat,
+      registers=flat['reg'].shape[1] if 'reg' in flat else 0,
+      posemb_prefix=_posemb_prefix(flat))
+
+
+_OPTIONS = ('swiglu', 'layerscale', 'registers', 'posemb_prefix')
+
+
+def _posemb_prefix(flat: Flat) -> Optional[bool]:
+  """Whether the position table has the prefix tokens' entries (None: a
+  table whose length says neither, or both)."""
+  table = flat.get('Transformer/posembed_input/pos_embedding')
+  prefix = sum(k in flat for k in ('cls', 'dist')) + (
+      flat['reg'].shape[1] if 'reg' in flat else 0)
+  if table is None:  # another position scheme
+    return True
+  tokens = table.shape[1]
+  square = lambda n: n > 0 and math.isqrt(n)**2 == n
+  if not prefix or square(tokens - prefix) != square(tokens):
+    return not prefix or square(tokens - prefix)
+  return None
 
 
 def _convertible_presets() -> list:
@@ -470,13 +529,17 @@ def _preset_dims(name: str) -> Dict[str, Any]:
                 patch=tuple(config.patches.size),
                 tokens_mlp_dim=config.tokens_mlp_dim,
                 channels_mlp_dim=config.channels_mlp_dim)
-  resnet = config.get('resnet')
-  return dict(width=config.hidden_size, depth=config.transformer.num_layers,
+  resnet, transformer = config.get('resnet'), config.transformer
+  return dict(width=config.hidden_size, depth=transformer.num_layers,
               patch=tuple(config.patches.size),
-              mlp_dim=config.transformer.mlp_dim,
+              mlp_dim=transformer.mlp_dim,
               resnet=tuple(resnet.num_layers) if resnet else None,
-              heads=config.transformer.num_heads,
-              dist_token=config.classifier == 'distilled')
+              heads=transformer.num_heads,
+              dist_token=config.classifier == 'distilled',
+              swiglu=bool(transformer.get('swiglu')),
+              layerscale=transformer.get('layerscale_init') is not None,
+              registers=config.get('num_registers') or 0,
+              posemb_prefix=config.get('posemb_prefix', True))
 
 
 def _misfits(name: str, want: Dict[str, Any]) -> list:
@@ -487,20 +550,26 @@ def _misfits(name: str, want: Dict[str, Any]) -> list:
 
 
 def infer_preset(flat: Flat, heads: Optional[int] = None,
-                 classifier: Optional[str] = None) -> str:
-  """The preset whose shapes (and `heads`) these published names have; of
-  several, the one with `classifier` (default: a class token's or 'gap')."""
+                 classifier: Optional[str] = None,
+                 family: str = '') -> str:
+  """The preset (its name starting with `family`) whose shapes (and
+  `heads`) these published names have, and the fewest model options
+  (`_OPTIONS`) to override; of several, the one with `classifier`
+  (default: a class token's or 'gap')."""
   want = _dims(flat)
   if heads is not None:
     want['heads'] = heads
   if 'stem/kernel' not in flat:
     classifier = classifier or _token_classifier(flat)
-  found = [name for name in _convertible_presets() if not _misfits(name, want)]
+  misfits = {name: _misfits(name, want) for name in _convertible_presets()
+             if name.startswith(family)}
+  found = [name for name, wrong in misfits.items()
+           if all(w.split()[0] in _OPTIONS for w in wrong)]
   if not found:
-    raise ValueError(f'No preset has these shapes ({want}).')
+    raise ValueError(f'No {family or ""}preset has these shapes ({want}).')
   same = [name for name in found
           if models.MODEL_CONFIGS[name].get('classifier') == classifier]
-  return (same or found)[0]
+  return min(same or found, key=lambda name: len(misfits[name]))
 
 
 def _token_classifier(flat: Flat) -> str:
@@ -517,7 +586,7 @@ def check_preset(flat: Flat, name: str, heads: Optional[int] = None) -> None:
   want = _dims(flat)
   if heads is not None:
     want['heads'] = heads
-  misfits = _misfits(name, want)
+  misfits = [m for m in _misfits(name, want) if m.split()[0] not in _OPTIONS]
   if misfits:
     raise ValueError(f'--model_name={name} does not fit the checkpoint, '
                      f'which has {", ".join(misfits)}.')
@@ -528,9 +597,14 @@ def _check_config_dims(settings, flat: Flat, path: str) -> None:
   have = _dims(flat)
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
+  swiglu = _mlp(settings)['swiglu']
+  hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
   said = dict(width=settings['embed_dim'], depth=settings['depth'],
-              patch=patch,
-              mlp_dim=int(settings['embed_dim'] * settings['mlp_ratio']))
+              patch=patch, mlp_dim=hidden // 2 if swiglu else hidden,
+              swiglu=swiglu, layerscale=settings['init_values'] is not None,
+              registers=settings['reg_tokens'])
+  if have['posemb_prefix'] is not None:  # else config.json's says
+    said['posemb_prefix'] = not settings['no_embed_class']
   wrong = [f'{key} {value} (weights: {have[key]})'
            for key, value in said.items() if have[key] != value]
   if wrong:
@@ -601,12 +675,16 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     config = json.load(f)
   settings = timm_settings(config)
   overrides = vit_overrides(settings)
-  state = _fc_norm_as_final(read_timm(weights), settings)
+  state = _fc_norm_as_final(read_timm(weights), overrides['classifier'] in (
+      'token', 'distilled') and _uses_fc_norm(settings))
   flat = timm_to_npz(state, settings['num_heads'])
   _check_complete(flat, weights)
   _check_config_dims(settings, flat, weights)
-  model_name = model_name or infer_preset(flat, settings['num_heads'],
-                                          overrides['classifier'])
+  # MAE's encoder has a plain ViT's keys: timm's pretrained tag tells.
+  tag = (config.get('pretrained_cfg') or {}).get('tag') or ''
+  model_name = model_name or infer_preset(
+      flat, settings['num_heads'], overrides['classifier'],
+      family='MAE-' if tag.startswith('mae') else '')
   check_preset(flat, model_name, settings['num_heads'])
   return Source(flat, model_name, _differences(model_name, overrides),
                 dict(config.get('pretrained_cfg') or {}))
@@ -615,6 +693,9 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
 def _from_bare(weights: str, model_name: Optional[str]) -> Source:
   """A state dict alone: timm's defaults, the heads of the preset."""
   state = read_timm(weights)
+  # timm's default pooling for a class token is 'token', where fc_norm (set
+  # explicitly) acts as the final norm; without one, 'avg' (fc_norm then).
+  state = _fc_norm_as_final(state, 'cls_token' in state)
   flat = timm_to_npz(state, heads=1)
   if 'stem/kernel' not in flat:
     _check_posembed(flat, weights)
@@ -633,8 +714,16 @@ def _from_bare(weights: str, model_name: Optional[str]) -> Source:
         f'without one; exact GELU) and the {heads} heads of {model_name}; '
         "put timm's config.json beside it, or pass --model_name.",
         file=sys.stderr)
+  dims = _dims(flat)
   overrides = {'classifier': _token_classifier(flat),
-               'transformer': {'gelu_approximate': False}}
+               'fc_norm': 'fc_norm/scale' in flat,
+               'num_registers': dims['registers'],
+               'posemb_prefix': dims['posemb_prefix'],
+               'transformer': {'gelu_approximate': False,
+                               'swiglu': dims['swiglu'],
+                               # Only an init: the weights hold the scales.
+                               'layerscale_init': 1e-5 if dims['layerscale']
+                                                  else None}}
   return Source(flat, model_name, _differences(model_name, overrides), {})
 
 
@@ -647,19 +736,25 @@ def _check_complete(flat: Flat, path: str) -> None:
 
 
 def _check_posembed(flat: Flat, path: str) -> None:
-  """A table without the class token's entry (timm's no_embed_class)."""
-  tokens = flat['Transformer/posembed_input/pos_embedding'].shape[1]
-  square = lambda n: n > 0 and math.isqrt(n)**2 == n
-  if 'cls' in flat and square(tokens) and not square(tokens - 1):
-    raise ValueError(f'{path} has a class token but its {tokens} position '
-                     'embeddings are a square grid without its entry (timm: '
-                     'no_embed_class=True), which vit_jax does not support.')
+  """Whether the table has the prefix tokens' entries must show."""
+  if _posemb_prefix(flat) is None:
+    tokens = flat['Transformer/posembed_input/pos_embedding'].shape[1]
+    raise ValueError(f'{path}: its {tokens} position embeddings do not say '
+                     'whether they have entries for the class (and register) '
+                     "tokens (timm's no_embed_class): put timm's config.json "
+                     'beside it.')
 
 
 def _differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
   """The part of `overrides` that preset `name` does not already set."""
   preset = models.MODEL_CONFIGS[name].to_dict()
   preset['transformer'].setdefault('gelu_approximate', True)  # the Encoder's
+  ls_init = preset['transformer'].get('layerscale_init')
+  if (ls_init is None) == (
+      overrides.get('transformer', {}).get('layerscale_init') is None):
+    overrides = dict(overrides, transformer={  # an init, not in the weights
+        k: v for k, v in overrides['transformer'].items()
+        if k != 'layerscale_init'})
   out = {}
   for key, value in overrides.items():
     if isinstance(value, dict):
