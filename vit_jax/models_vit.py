@@ -449,9 +449,8 @@ class Encoder(nn.Module):
       if self.posemb_prefix:
         return AddPositionEmbs(name='posembed_input')(x)
       prefix = x.shape[1] - grid[0] * grid[1]
-      return jnp.concatenate(
-          [x[:, :prefix], AddPositionEmbs(name='posembed_input')(x[:, prefix:])],
-          axis=1)
+      patches = AddPositionEmbs(name='posembed_input')(x[:, prefix:])
+      return jnp.concatenate([x[:, :prefix], patches], axis=1)
     if posemb == 'learn2d':
       return AddPositionEmbs2D(name='posembed_input')(x, grid)
     if posemb == 'sincos2d':

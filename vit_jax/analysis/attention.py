@@ -12,7 +12,8 @@ _BLOCK = re.compile(r'encoderblock(?:_(\d+))?$')
 
 
 def num_prefix_tokens(model_config) -> int:
-  """Tokens before the patches: class (and distillation) tokens."""
+  """Tokens before the patches: class (and distillation) and register
+  tokens."""
   return models_vit.num_prefix_tokens(model_config)
 
 
