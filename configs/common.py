@@ -1,5 +1,7 @@
 """Settings shared by every experiment config, and dataset presets."""
 
+import copy
+
 import ml_collections
 
 from vit_jax import model_configs
@@ -156,6 +158,8 @@ def with_model(config: ml_collections.ConfigDict, model_name: str,
   mean, std = model_configs.input_normalization(model_name)
   if (mean, std) != model_configs.NORMALIZATIONS['google']:
     config.pp.mean, config.pp.std = mean, std  # the preset's weights expect
-  config.model = ml_collections.ConfigDict(model).copy_and_resolve_references()
+  # A deep copy keeps the preset's typed None fields (placeholders), so that
+  # --config.model.transformer.layerscale_init=1e-5 parses as a float.
+  config.model = copy.deepcopy(ml_collections.ConfigDict(model))
   config.model.model_name = config.get_ref('model_name')
   return config

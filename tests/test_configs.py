@@ -173,3 +173,16 @@ def test_a_presets_normalization_reaches_the_pipelines():
   assert tuple(deit.pp.std) == (0.229, 0.224, 0.225)
   vit = common.with_model(common.get_config(), 'ViT-S_16')
   assert vit.pp.mean is None and vit.pp.std is None
+
+
+def test_model_options_keep_their_types_for_the_command_line():
+  # config_flags parses --config.model.transformer.layerscale_init=1e-5 by
+  # the field's type; an untyped None could not be set from the command line.
+  config = common.with_model(common.get_config(), 'ViT-S_16')
+  assert config.model.transformer.get_type('layerscale_init') is float
+  config.model.transformer.layerscale_init = 1e-5
+  preset = models.MODEL_CONFIGS['ViT-S_16']
+  assert preset.transformer.layerscale_init is None  # untouched
+  dinov2 = common.with_model(common.get_config(), 'DINOv2-S_14-reg4')
+  assert dinov2.model.num_registers == 4
+  assert tuple(dinov2.pp.mean) == (0.485, 0.456, 0.406)

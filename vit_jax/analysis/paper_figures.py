@@ -66,7 +66,8 @@ def analyze(model, params, images, rollout_images=None, gray=False):
     A dict of numpy arrays and numbers (see `write`).
   """
   cfg = {'patches': model.patches, 'resnet': model.resnet,
-         'classifier': model.classifier}
+         'classifier': model.classifier,
+         'num_registers': getattr(model, 'num_registers', 0)}
   size = images.shape[1:3]
   grid = models_vit.token_grid(cfg, size)
   patch = attention.pixel_patch_size(cfg)
