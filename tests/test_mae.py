@@ -144,6 +144,10 @@ def _small(config, fmnist_dirs):
   config.batch, config.batch_eval, config.shuffle_buffer = 8, 8, 100
   config.progress_every, config.checkpoint_every = 1, 0
   config.evals.fewshot.update(train='train', shots=(2,), seeds=1)
+  config.model.hidden_size = 16  # the default job's ViT, thinner, 1 block
+  config.model.transformer.update(num_layers=1, mlp_dim=32, num_heads=2)
+  if 'mae' in config:
+    config.mae.decoder.update(DECODER)
   return config
 
 

@@ -88,3 +88,14 @@ def test_lit_notebook(tmp_path, monkeypatch):
   assert 'zero-shot accuracy' in text and 'on 8 images' in text
   assert images >= 1  # the similarity matrix
   assert os.path.exists(tmp_path / 'tmp' / 'lit_tour' / 'LiT-smoke.npz')
+
+
+def test_mae_notebook(tmp_path, monkeypatch):
+  text, images = _run_smoke('mae.ipynb', tmp_path, monkeypatch)
+  assert "MAE parameters: ['decoder_block_0', 'decoder_embed'" in text
+  assert 'few-shot linear accuracy' in text
+  assert 'Fine-tuning from' in text and 'fine-tuned: test accuracy' in text
+  assert images >= 2  # the run's grid, the grid at another mask ratio
+  work = tmp_path / 'tmp' / 'vit_jax_mae'
+  assert {'ViT-fmnist.npz', 'mae_reconstructions.png', 'results.json'} <= set(
+      os.listdir(work / 'pretrain'))

@@ -301,8 +301,9 @@ def _finish(config, workdir, params, result, seconds, evaluators):
   export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
   write_results(config, workdir, result, step=config.total_steps,
                 seconds_since_start=seconds)
-  summary = ', '.join(e.summary(result) for e in evaluators if e.headline)
-  print(f'Done: {config.total_steps} steps, {summary}, {seconds:.0f} s since '
+  summary = ''.join(f'{e.summary(result)}, ' for e in evaluators
+                    if e.headline)
+  print(f'Done: {config.total_steps} steps, {summary}{seconds:.0f} s since '
         'start or resume.', flush=True)
 
 

@@ -11,6 +11,8 @@ layout: fine-tuning (`pretrained_path`), few-shot, `predict` and
 `{workdir}/mae_reconstructions.png` (the paper's Figure 2).
 """
 
+import functools
+
 import chex
 from etils import epath
 import jax
@@ -68,7 +70,8 @@ def reconstruct(model, params, images, rng, ratio, norm_pix):
   n, height, width, _ = images.shape
   grid = (height // model.patch[0], width // model.patch[1])
   keep, mask = models_mae.random_keep(rng, n, grid[0] * grid[1], ratio)
-  pred = model.apply({'params': params}, images, keep, train=False)
+  apply = jax.jit(functools.partial(model.apply, train=False))
+  pred = apply({'params': params}, images, keep)
   target = models_mae.patchify(images, model.patch)
   if norm_pix:
     mean, std = models_mae.patch_stats(target)
