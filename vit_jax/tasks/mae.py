@@ -102,6 +102,24 @@ def draw(images, mask, recon):
   return fig
 
 
+def train_step(state, images, rng, *, patch, ratio, norm_pix):
+  """One MAE update on `images` with this step's `rng`: a fresh mask per
+  image (`random_keep`), the loss on the masked patches (`mae_loss`)."""
+  n, height, width, _ = images.shape
+  num_patches = (height // patch[0]) * (width // patch[1])
+  mask_rng, dropout_rng = jax.random.split(rng)
+  keep, mask = models_mae.random_keep(mask_rng, n, num_patches, ratio)
+  target = models_mae.patchify(images, patch)
+
+  def compute_loss(params):
+    pred = state.apply_fn({'params': params}, images, keep, train=True,
+                          rngs={'dropout': dropout_rng})
+    return models_mae.mae_loss(pred, target, mask, norm_pix)
+
+  value, grads = jax.value_and_grad(compute_loss)(state.params)
+  return state.apply_gradients(grads=grads), {'loss': value}
+
+
 class Task:
   """A masked autoencoder: its encoder is the model that is exported."""
 
@@ -151,23 +169,11 @@ class Task:
 
   def train_step(self, state, batch, *, rng):
     """One micro-batch: a fresh mask per image, the loss on masked patches."""
-    images = batch['image']
-    chex.assert_rank(images, 4)
-    mask_rng, dropout_rng = jax.random.split(jax.random.fold_in(rng,
-                                                                state.step))
-    keep, mask = models_mae.random_keep(mask_rng, images.shape[0],
-                                        self.num_patches,
-                                        self.settings.mask_ratio)
-    target = models_mae.patchify(images, self.model.patch)
-
-    def compute_loss(params):
-      pred = state.apply_fn({'params': params}, images, keep, train=True,
-                            rngs={'dropout': dropout_rng})
-      return models_mae.mae_loss(pred, target, mask,
-                                 self.settings.norm_pix_loss)
-
-    value, grads = jax.value_and_grad(compute_loss)(state.params)
-    return state.apply_gradients(grads=grads), {'loss': value}
+    chex.assert_rank(batch['image'], 4)
+    return train_step(state, batch['image'], jax.random.fold_in(rng,
+                                                                state.step),
+                      patch=self.model.patch, ratio=self.settings.mask_ratio,
+                      norm_pix=self.settings.norm_pix_loss)
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the training images; labels are not used."""
