@@ -46,6 +46,7 @@ def initial_encoder(seed, path):
     config = mae_fmnist.get_config('finetune')
     model = models.VisionTransformer(num_classes=None, **config.model)
     key = jax.random.split(jax.random.key(seed))[0]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     shape = (1, config.pp.crop, config.pp.crop, 3)
     checkpoint.save(model.init(key, jnp.zeros(shape), train=False)['params'],
                     path)
@@ -87,9 +88,9 @@ def main():
   parser.add_argument('--finetune_steps', type=int, default=1500)
   args = parser.parse_args()
   runs = [one_seed(seed, args) for seed in range(args.seeds)]
-  print(f'| encoder | fine-tuned on 10% (test accuracy) | 10-shot linear | '
-        f'({args.seeds} seeds, mean +- s.e.; MAE {args.pretrain_steps} '
-        f'steps, fine-tuning {args.finetune_steps})')
+  print(f'{args.seeds} seeds, mean +- s.e.; MAE {args.pretrain_steps} steps, '
+        f'fine-tuning {args.finetune_steps} steps.\n')
+  print('| encoder | fine-tuned on 10% (test accuracy) | 10-shot linear |')
   print('|---|---|---|')
   for label, arm in ROWS:
     tuned, shots = zip(*(r[arm] for r in runs))
