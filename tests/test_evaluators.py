@@ -22,8 +22,8 @@ def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):
 
 
 def test_unknown_trainer(tiny_config, tmp_path):
-  tiny_config.trainer = 'mae'
-  with pytest.raises(ValueError, match="config.trainer='mae'; expected"):
+  tiny_config.trainer = 'beit'
+  with pytest.raises(ValueError, match="config.trainer='beit'; expected"):
     train.train_and_evaluate(tiny_config, str(tmp_path))
 
 
