@@ -36,12 +36,13 @@ class Sampling:
   aspect_range: (lo, hi) of width / height, drawn log-uniformly; the image
   is cropped to the largest box of that aspect ratio at a random place.
   drop_rate: the fraction of tokens dropped, fixed, or a (lo, hi) range
-  drawn uniformly per image.
+  drawn uniformly per image. flip: a random horizontal flip.
   """
   patch: int
   side_range: Tuple[int, int]
   aspect_range: Tuple[float, float] = (1.0, 1.0)
   drop_rate: object = 0.0
+  flip: bool = False
 
   def __post_init__(self):
     lo, hi = self.grid_range
@@ -91,25 +92,27 @@ def num_kept(num_tokens, rate):
   return np.maximum(1, kept).astype(np.int64)
 
 
-def recipes(seed: int, start: int, stop: int, sampling: Sampling) -> dict:
-  """The recipes of stream positions [start, stop): arrays `height`,
+def recipes(seed: int, start: int, stop: int, sampling: Sampling,
+            stream: int = 0) -> dict:
+  """The recipes of positions [start, stop) of `stream`: arrays `height`,
   `width` (grid), `aspect`, `top`, `left` (crop offsets as fractions of the
-  free room), `rate` and `tokens` (kept). A pure function of the seed."""
+  free room), `flip`, `rate` and `tokens` (kept). A pure function of the seed."""
   first, last = start // _BLOCK, -(-stop // _BLOCK)
-  parts = [_block(seed, b, sampling) for b in range(first, last)]
+  parts = [_block(seed, stream, b, sampling) for b in range(first, last)]
   cut = start - first * _BLOCK
   return {k: np.concatenate([p[k] for p in parts])[cut:cut + stop - start]
           for k in parts[0]}
 
 
-def _block(seed: int, block: int, sampling: Sampling) -> dict:
-  rng = np.random.default_rng([seed, block])
+def _block(seed: int, stream: int, block: int, sampling: Sampling) -> dict:
+  rng = np.random.default_rng([seed, stream, block])
   g_lo, g_hi = sampling.grid_range
   a_lo, a_hi = np.log(sampling.aspect_range)
   out = {'aspect': np.exp(rng.uniform(a_lo, a_hi, _BLOCK)),
          'long': rng.integers(g_lo, g_hi + 1, _BLOCK),
          'top': rng.uniform(size=_BLOCK), 'left': rng.uniform(size=_BLOCK),
-         'rate': rng.uniform(*sampling.rate_range, size=_BLOCK)}
+         'rate': rng.uniform(*sampling.rate_range, size=_BLOCK),
+         'flip': (rng.uniform(size=_BLOCK) < 0.5) & sampling.flip}
   out['height'], out['width'] = grid_of(out.pop('long') * sampling.patch,
                                         out['aspect'], sampling.patch)
   out['tokens'] = num_kept(out['height'] * out['width'], out['rate'])
@@ -119,15 +122,16 @@ def _block(seed: int, block: int, sampling: Sampling) -> dict:
 class Recipes:
   """`recipes` by stream position, drawn a block at a time and cached."""
 
-  def __init__(self, seed: int, sampling: Sampling):
-    self.seed, self.sampling = seed, sampling
+  def __init__(self, seed: int, sampling: Sampling, stream: int = 0):
+    self.seed, self.sampling, self.stream = seed, sampling, stream
     self._cache = {}
 
   def _get_block(self, block: int) -> dict:
     if block not in self._cache:
       if len(self._cache) > 4:  # the stream moves forward
         self._cache.pop(min(self._cache))
-      self._cache[block] = _block(self.seed, block, self.sampling)
+      self._cache[block] = _block(self.seed, self.stream, block,
+                                  self.sampling)
     return self._cache[block]
 
   def __getitem__(self, position: int) -> dict:
@@ -161,6 +165,7 @@ def resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
   when shrinking)."""
   if image.shape[:2] == (height, width):
     return image
+  image = np.ascontiguousarray(image)
   channels = image.shape[-1]
   pil = Image.fromarray(image[..., 0] if channels == 1 else image)
   out = np.asarray(pil.resize((width, height), Image.BILINEAR))
@@ -219,7 +224,9 @@ def training_example(image, label, recipe: dict, sampling: Sampling, *,
   if recipe['tokens'] < grid[0] * grid[1]:
     rng = np.random.default_rng([seed, position, 1])
     keep = drop_tokens(rng, grid[0] * grid[1], int(recipe['tokens']))
-  return example(image[y:y + h, x:x + w], label, *grid, sampling.patch,
+  crop = image[y:y + h, x:x + w]
+  return example(crop[:, ::-1] if recipe['flip'] else crop, label, *grid,
+                 sampling.patch,
                  keep=keep, mean=mean, std=std)
 
 
