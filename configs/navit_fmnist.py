@@ -33,7 +33,9 @@ def _settings():
       window=64,  # pending images the greedy packer chooses from
       side_range=(14, 56),
       aspect_range=(0.5, 2.0),
-      drop_rate=0.0,  # or (lo, hi): NaViT's token dropping, per image
+      # NaViT's token dropping: a rate drawn per image from (lo, hi);
+      # (r, r) drops a fixed fraction r.
+      drop_rate=(0.0, 0.0),
       eval_sides=(14, 28, 42, 56),
       eval_every=0))  # at the end
 

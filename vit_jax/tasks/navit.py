@@ -4,8 +4,8 @@ resolution and aspect ratio, trained on packed sequences (`packing`).
 Settings under `config.navit`: `max_tokens` (per sequence), `window`
 (images the greedy packer looks ahead), `side_range` (px of a training
 image's longer side), `aspect_range` (width / height of its random crop),
-`drop_rate` (NaViT's token dropping: a rate, or a (lo, hi) range per
-image), `eval_sides` and `eval_every`. `config.batch` counts sequences;
+`drop_rate` (NaViT's token dropping: a (lo, hi) range drawn per
+image; (r, r) fixed), `eval_sides` and `eval_every`. `config.batch` counts sequences;
 `config.model` is a `models_navit.NaViT`'s (`max_images` per sequence).
 
 `config.navit.packed=False` trains the plain ViT of `config.model` at
@@ -58,7 +58,7 @@ def sampling(config, drop_rate=None) -> packing.Sampling:
   return packing.Sampling(
       patch=config.model.patches.size[0], side_range=tuple(s.side_range),
       aspect_range=tuple(s.aspect_range), flip=bool(config.pp.flip),
-      drop_rate=s.drop_rate if drop_rate is None else drop_rate)
+      drop_rate=tuple(s.drop_rate) if drop_rate is None else drop_rate)
 
 
 def image_loss(logits, labels):
