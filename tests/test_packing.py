@@ -164,3 +164,19 @@ def test_bad_sampling_settings_are_refused():
     packing.Sampling(patch=7, side_range=(14, 56), aspect_range=(2, 1))
   with pytest.raises(ValueError, match='drop_rate'):
     packing.Sampling(patch=7, side_range=(14, 56), drop_rate=1.0)
+
+
+def test_a_flipped_recipe_mirrors_the_crop():
+  sampling = packing.Sampling(patch=7, side_range=(28, 28), flip=True)
+  book = packing.Recipes(0, sampling)
+  flips = [p for p in range(64) if book[p]['flip']]
+  assert 16 < len(flips) < 48
+  image = _image(28, 28, 1)
+  for p in (flips[0], next(p for p in range(64) if not book[p]['flip'])):
+    got = packing.training_example(image, 0, book[p], sampling, seed=0,
+                                   position=p)
+    want = packing.example(image[:, ::-1] if book[p]['flip'] else image, 0,
+                           4, 4, 7)
+    np.testing.assert_array_equal(got['patches'], want['patches'])
+  assert not any(packing.Recipes(0, packing.Sampling(
+      patch=7, side_range=(28, 28)))[p]['flip'] for p in range(64))
