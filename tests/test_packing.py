@@ -63,6 +63,10 @@ def test_the_packer_keeps_whole_images_within_the_limits(max_tokens,
   used = sum(sizes) / (len(sequences) * max_tokens)
   if window >= 8 and max_images > 3:
     assert used > 0.9
+  if window == 1:  # next-fit: a sequence closes at the first misfit
+    for a, b in zip(sequences, sequences[1:]):
+      assert (len(a) == max_images or
+              sum(sizes[a]) + sizes[b[0]] > max_tokens)
 
 
 def test_the_oldest_pending_image_opens_each_sequence():
@@ -71,8 +75,9 @@ def test_the_oldest_pending_image_opens_each_sequence():
   got = []
   while (keys := packer.next_sequence()) is not None:
     got.append(keys)
-  # Window 3: [0 1 2] -> 0, 2; [1 3 4] -> 1, 4; [3 5] -> both.
-  assert got == [[0, 2], [1, 4], [3, 5]]
+  # Window 3, topped up after each image taken: [0 1 2] takes 0 -> [1 2 3]
+  # takes 2 -> [1 3 4] takes 4 -> [1 3 5], full; then [1 3 5] -> 1, 5.
+  assert got == [[0, 2, 4], [1, 5], [3]]
 
 
 def test_an_image_larger_than_a_sequence_is_refused():

@@ -234,8 +234,10 @@ class Packer:
   """Greedy first-fit over a window of pending images.
 
   Each sequence takes, in stream order, every pending image that still fits
-  (tokens and image count); the oldest pending image always comes first,
-  so none waits forever. `items` yields (key, tokens).
+  (tokens and image count), topping the window up from the stream after
+  each one taken: `window` 1 is next-fit, larger windows let small images
+  fill the gaps. The oldest pending image always comes first, so none
+  waits forever. `items` yields (key, tokens).
   """
 
   def __init__(self, items: Iterator[Tuple[object, int]], max_tokens: int,
@@ -258,14 +260,16 @@ class Packer:
     self._refill()
     if not self.pending:
       return None
-    room, taken, left = self.max_tokens, [], []
-    for key, tokens in self.pending:
-      if tokens <= room and len(taken) < self.max_images:
+    room, taken, i = self.max_tokens, [], 0
+    while i < len(self.pending) and len(taken) < self.max_images:
+      key, tokens = self.pending[i]
+      if tokens <= room:
         taken.append(key)
         room -= tokens
+        del self.pending[i]
+        self._refill()
       else:
-        left.append((key, tokens))
-    self.pending = left
+        i += 1
     return taken
 
 
