@@ -123,7 +123,7 @@ def test_the_loss_counts_only_real_images():
 def test_evaluation_packs_every_test_image_once(fmnist_dirs, side):
   config = _config(fmnist_dirs)
   info = _info(config)
-  pairs = list(navit.test_images(info, config))
+  pairs = list(navit.eval_images(info, config))
   if side is None:
     sizes = navit.sampling(config, drop_rate=0.0)
     recipes = packing.Recipes(config.seed, sizes, stream=1)

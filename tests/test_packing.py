@@ -60,6 +60,7 @@ def test_the_packer_keeps_whole_images_within_the_limits(max_tokens,
     sequences.append(keys)
     seen += keys
   assert sorted(seen) == list(range(500))  # each image once, whole
+  assert packer.pulled == 500
   used = sum(sizes) / (len(sequences) * max_tokens)
   if window >= 8 and max_images > 3:
     assert used > 0.9

@@ -237,19 +237,20 @@ class Packer:
   (tokens and image count), topping the window up from the stream after
   each one taken: `window` 1 is next-fit, larger windows let small images
   fill the gaps. The oldest pending image always comes first, so none
-  waits forever. `items` yields (key, tokens).
+  waits forever. `items` yields (key, tokens); `pulled` counts those read.
   """
 
   def __init__(self, items: Iterator[Tuple[object, int]], max_tokens: int,
                max_images: int, window: int = 64):
     self.items, self.max_tokens, self.max_images = items, max_tokens, max_images
-    self.window, self.pending = window, []
+    self.window, self.pending, self.pulled = window, [], 0
 
   def _refill(self):
     while len(self.pending) < self.window:
       item = next(self.items, None)
       if item is None:
         return
+      self.pulled += 1
       if item[1] > self.max_tokens:
         raise ValueError(f'An image of {item[1]} tokens does not fit in '
                          f'max_tokens={self.max_tokens}.')

@@ -114,23 +114,14 @@ def train_batches(info, config, *, batch_size: int, start_step: int = 0,
   """
   sizes = sampling(config)
   recipes = packing.Recipes(config.seed, sizes)
-  counts = recipes.token_counts()
-  packer = packing.Packer(counts, config.navit.max_tokens,
+  packer = packing.Packer(recipes.token_counts(), config.navit.max_tokens,
                           config.model.max_images, config.navit.window)
-  pulled = [0]
-
-  def counted():
-    for item in counts:
-      pulled[0] += 1
-      yield item
-
-  packer.items = counted()
   for _ in range(start_step * batch_size):
     packer.next_sequence()
   pending = {key for key, _ in packer.pending}
-  first = min(pending | {pulled[0]})
+  first = min(pending | {packer.pulled})  # positions count from 0
   images = _Images(info, config, first,
-                   set(range(first, pulled[0])) - pending)
+                   set(range(first, packer.pulled)) - pending)
   mean, std = config.pp.get('mean'), config.pp.get('std')
 
   def make(position):
@@ -162,7 +153,7 @@ def training_efficiency(config) -> float:
   return used / (sequences * config.navit.max_tokens)
 
 
-def test_images(info, config):
+def eval_images(info, config):
   """(uint8 image, label) of every test example, in order (each process
   reads all: the evaluation batches are global)."""
   return _decoded(info, config, input_pipeline.read_encoded(
@@ -273,12 +264,12 @@ class PackedEvaluator(_PerSide):
     for side in self.sides:
       out[f'accuracy_{side}px'] = self._run(params, (
           fixed_side(im, lb, side, patch, config.pp)
-          for im, lb in test_images(self.info, config)))
+          for im, lb in eval_images(self.info, config)))
     sizes = sampling(config, drop_rate=0.0)
     recipes = packing.Recipes(config.seed, sizes, stream=_MIXED_STREAM)
     out['accuracy_mixed'] = self._run(params, (
         mixed(i, im, lb, recipes, sizes, config.pp)
-        for i, (im, lb) in enumerate(test_images(self.info, config))))
+        for i, (im, lb) in enumerate(eval_images(self.info, config))))
     if self.efficiency is None:
       self.efficiency = training_efficiency(config)
     out['packing_efficiency'] = self.efficiency
@@ -311,7 +302,7 @@ class ResizedEvaluator(_PerSide):
     out = {}
     for side in self.sides:
       batches = _image_batches(((square(im, side, config.pp), lb)
-                                for im, lb in test_images(self.info, config)),
+                                for im, lb in eval_images(self.info, config)),
                                config.batch_eval)
       out[f'accuracy_{side}px'] = _accuracy(
           step, self._at_side(params, side), batches, self.mesh,
