@@ -77,8 +77,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.progress_bar = False  # a tqdm bar (notebooks) instead of lines
   config.checkpoint_every = 1_000  # 0: only at the end
   config.max_to_keep = 3
-  # 'train' (supervised classification), 'distill' (DeiT), 'lit' or 'mae'
-  # (configs/mae_fmnist.py) trains a task; 'evaluate'
+  # 'train' (supervised classification), 'distill' (DeiT), 'lit', 'mae'
+  # (configs/mae_fmnist.py) or 'navit' (configs/navit_fmnist.py) trains a
+  # task; 'evaluate'
   # runs the evaluators below on a checkpoint, no training ('fewshot' and
   # 'zeroshot': only those of that type); 'inference_time': forward img/s.
   config.trainer = 'train'

@@ -93,16 +93,19 @@ def test_unknown_names():
 # A numpy reference, written from the paper's equations (1)-(4).
 
 
-def _msa(x, p, kv=None, bias_fn=None):
+def _msa(x, p, kv=None, bias_fn=None, rope=None):
   """Multi-head attention: softmax(q k^T / sqrt(d) + bias) v per head.
 
   Self-attention unless `kv` is given; `bias_fn` maps the scaled queries
-  (batch, heads, tokens, depth) to a (batch, heads, tokens, tokens) bias.
+  (batch, heads, tokens, depth) to a (batch, heads, tokens, tokens) bias;
+  `rope`, (tokens, depth / 2) angles, rotates q and k first.
   """
   kv = x if kv is None else kv
   q, k, v = (np.einsum('btd,dhk->bhtk', y, p[n]['kernel']) +
              p[n]['bias'].transpose(0, 1)[None, :, None, :]
              for y, n in ((x, 'query'), (kv, 'key'), (kv, 'value')))
+  if rope is not None:
+    q, k = (_rotate(y, rope) for y in (q, k))
   q = q / np.sqrt(q.shape[-1])
   logits = np.einsum('bhtk,bhsk->bhts', q, k)
   if bias_fn is not None:
@@ -113,9 +116,17 @@ def _msa(x, p, kv=None, bias_fn=None):
   return np.einsum('bthk,hkd->btd', heads, p['out']['kernel']) + p['out']['bias']
 
 
-def _block(x, p, bias_fn=None):
+def _rotate(y, angles):
+  """(..., tokens, depth) `y`, pairs (y[2j], y[2j+1]) as complex numbers
+  times exp(i angles[token, j])."""
+  z = (y[..., 0::2] + 1j * y[..., 1::2]) * np.exp(1j * angles)
+  return np.stack([z.real, z.imag], -1).reshape(y.shape)
+
+
+def _block(x, p, bias_fn=None, rope=None):
   x = x + _msa(layernorm(x, p['LayerNorm_0']),
-               p['MultiHeadDotProductAttention_0'], bias_fn=bias_fn)
+               p['MultiHeadDotProductAttention_0'], bias_fn=bias_fn,
+               rope=rope)
   return x + mlp(layernorm(x, p['LayerNorm_1']), p['MlpBlock_0'])
 
 
@@ -202,10 +213,10 @@ def test_dropout_only_in_training():
 # A small model and a jitted apply for the tests below.
 
 
-def _tiny(posemb, classifier='token', **kw):
+def _tiny(posemb, classifier='token', hidden_size=12, **kw):
   """'testing' with width 12 (2-D schemes need D/2 or D/4), no dropout."""
   return models.get_model(
-      'testing', num_classes=5, hidden_size=12, posemb=posemb,
+      'testing', num_classes=5, hidden_size=hidden_size, posemb=posemb,
       classifier=classifier,
       transformer=dict(num_layers=1, mlp_dim=8, num_heads=2, dropout_rate=0.,
                        attention_dropout_rate=0., relative_max_distance=2),
@@ -227,6 +238,8 @@ def _apply(model, params, x, **kw):
     # (2K+1, 2K+1, heads, D/heads) with K = 2, whatever the resolution.
     ('relative', None, {'rel_embedding': (5, 5, 2, 6)}),
     ('sincos2d', None, {}),
+    # MoonViT's grid, created at the 2x3 patches of initialization.
+    ('interp2d', {'pos_embedding_grid': (2, 3, 12)}, {}),
 ])
 def test_posemb_params(posemb, input_tables, block_tables):
   params = param_shapes(_tiny(posemb), jnp.zeros((1, 32, 48, 3)), train=False)
@@ -290,7 +303,8 @@ def test_sincos2d_values():
     models_vit.posemb_sincos_2d(2, 2, 10)
 
 
-@pytest.mark.parametrize('posemb', ['learn', 'none', 'learn2d', 'sincos2d'])
+@pytest.mark.parametrize('posemb', ['learn', 'none', 'learn2d', 'sincos2d',
+                                    'interp2d'])
 @pytest.mark.parametrize('prefix', [0, 1])
 def test_additive_posemb_matches_reference(posemb, prefix):
   """Encoder without blocks: LN(x + E), E from the scheme's definition."""
@@ -312,6 +326,9 @@ def test_additive_posemb_matches_reference(posemb, prefix):
       pe[prefix + i] = np.concatenate([row[i // w], col[i % w]])
   elif posemb == 'sincos2d':
     pe[prefix:] = _sincos(h, w, d)
+  elif posemb == 'interp2d':  # at its own grid, the table as it is
+    pe[prefix:] = params['posembed_input']['pos_embedding_grid'].reshape(
+        h * w, d)
   expected = layernorm(x + pe, params['encoder_norm'])
   np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
@@ -349,6 +366,82 @@ def test_relative_attention_matches_reference(prefix):
   np.testing.assert_allclose(out, expected, rtol=5e-4, atol=5e-4)
   # The bias matters: without it the output differs.
   assert not np.allclose(out, _block(x, params), rtol=1e-2, atol=1e-2)
+
+
+def _rope2d(h, w, prefix, d, theta=10_000.):
+  """2-D RoPE angles (prefix + h w, d / 2): angle 2k of patch (r, c) is
+  c theta^(-4k/d), angle 2k+1 is r theta^(-4k/d); prefix tokens 0."""
+  angles = np.zeros((prefix + h * w, d // 2))
+  freqs = theta**(-4. * np.arange(d // 4) / d)
+  for i in range(h * w):
+    angles[prefix + i, 0::2] = i % w * freqs
+    angles[prefix + i, 1::2] = i // w * freqs
+  return angles
+
+
+@pytest.mark.parametrize('prefix', [0, 1])
+def test_rope2d_encoder_matches_reference(prefix):
+  h, w, d = 2, 3, 16
+  encoder = models_vit.Encoder(num_layers=1, mlp_dim=12, num_heads=2,
+                               dropout_rate=0., attention_dropout_rate=0.,
+                               posemb='rope2d')
+  x = np.random.default_rng(1).normal(size=(2, prefix + h * w, d))
+  params = random_params(encoder, jnp.asarray(x), train=False, grid=(h, w),
+                         seed=2, dtype=np.float64)
+  assert 'posembed_input' not in params
+  out = jax.jit(lambda p, x: encoder.apply(
+      {'params': p}, x, train=False, grid=(h, w)))(params, x)
+  rope = _rope2d(h, w, prefix, d // 2)
+  expected = layernorm(_block(x, params['encoderblock_0'], rope=rope),
+                       params['encoder_norm'])
+  np.testing.assert_allclose(out, expected, rtol=2e-4, atol=2e-4)
+  # The rotation matters: without it the output differs.
+  unrotated = layernorm(_block(x, params['encoderblock_0']),
+                        params['encoder_norm'])
+  assert not np.allclose(out, unrotated, rtol=1e-2, atol=1e-2)
+
+
+def test_rope2d_follows_the_kept_patches():
+  """With 'gap', keeping every patch in a shuffled order changes nothing:
+  each keeps its rotation."""
+  model = _tiny('rope2d', classifier='gap', hidden_size=16)
+  x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 48, 3))
+  params = random_params(model, jnp.zeros(x.shape), train=False)
+  keep = np.stack([np.random.default_rng(i).permutation(6) for i in (2, 3)])
+  out = _apply(model, params, x, train=False)
+  np.testing.assert_allclose(
+      _apply(model, params, x, train=False, keep=jnp.asarray(keep)), out,
+      rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='divisible by 4, got 12 / 2'):
+    param_shapes(_tiny('rope2d'), jnp.zeros((1, 32, 32, 3)), train=False)
+
+
+@pytest.mark.parametrize('posemb', ['rope2d', 'interp2d'])
+def test_rope2d_interp2d_save_and_load(tmp_path, posemb):
+  """The published names; at a new resolution the 'interp2d' grid is
+  resampled as the model would resample it itself."""
+  model = _tiny(posemb, hidden_size=16)
+  params = random_params(model, jnp.zeros((1, 32, 48, 3)), train=False)
+  path = tmp_path / f'{posemb}.npz'
+  checkpoint.save(params, path)
+  names = {k for k in np.load(path) if 'posembed' in k}
+  assert names == ({'Transformer/posembed_input/pos_embedding_grid'}
+                   if posemb == 'interp2d' else set())
+  config = {'classifier': 'token', 'posemb': posemb}
+  loaded = checkpoint.load_params(
+      path, init_params=param_shapes(model, jnp.zeros((1, 32, 48, 3)),
+                                     train=False), model_config=config)
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+  x = np.random.default_rng(1).uniform(-1, 1, (2, 64, 32, 3))  # 4x2 patches
+  resized = checkpoint.load_params(
+      path, init_params=param_shapes(model, x, train=False),
+      model_config=config)
+  if posemb == 'interp2d':
+    assert resized['Transformer']['posembed_input'][
+        'pos_embedding_grid'].shape == (4, 2, 16)
+  np.testing.assert_allclose(_apply(model, resized, x, train=False),
+                             _apply(model, params, x, train=False),
+                             rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('posemb,invariant', [('none', True), ('learn', False)])

@@ -92,6 +92,8 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
   tables = params.get('Transformer', {}).get('posembed_input', {})
   if mixing is not None:
     tokens = shape_of(mixing['Dense_0']['kernel'])[0]
+  elif 'pos_embedding_grid' in tables:
+    tokens = np.prod(shape_of(tables['pos_embedding_grid'])[:2])
   elif 'pos_embedding_row' in tables:
     tokens = shape_of(tables['pos_embedding_row'])[1]**2
   elif 'pos_embedding' in tables:
@@ -108,7 +110,8 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
 
 # The position tables under Transformer/posembed_input, per `posemb`.
 _POSEMB_TABLES = {'learn': ('pos_embedding',),
-                  'learn2d': ('pos_embedding_row', 'pos_embedding_col')}
+                  'learn2d': ('pos_embedding_row', 'pos_embedding_col'),
+                  'interp2d': ('pos_embedding_grid',)}
 
 
 def _posembed_input(tree: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -141,6 +144,9 @@ def _resize_posemb(params, init_params, path, posemb, prefix, method,
     if name not in tables or name not in targets:
       continue  # inspect_params lists what is missing
     have, want = shape_of(tables[name]), shape_of(targets[name])
+    if posemb == 'interp2d':
+      _resize_interp2d(tables, path, have, want)
+      continue
     # Only the token count is resizable; inspect_params lists the rest.
     if have == want or len(have) != 3 or len(want) != 3 or (
         have[0], have[2]) != (want[0], want[2]):
@@ -152,6 +158,18 @@ def _resize_posemb(params, init_params, path, posemb, prefix, method,
       raise CheckpointError(f'Cannot resize {name} of {path} from {have} to '
                             f'{want}: {e}') from e
     _note(path, f'resized {name} from {have} to {want}')
+
+
+def _resize_interp2d(tables, path, have, want):
+  """Resamples an 'interp2d' grid (H0, W0, D) to the model's, in place, as
+  the model would at that grid (`models_vit.interp2d_posemb`)."""
+  if have == want or len(have) != 3 or len(want) != 3 or have[2] != want[2]:
+    return  # inspect_params lists what does not fit
+  positions = models_vit.grid_positions(want[:2])
+  grid = models_vit.interp2d_posemb(np.asarray(tables['pos_embedding_grid']),
+                                    *positions)
+  tables['pos_embedding_grid'] = np.asarray(grid).reshape(want)
+  _note(path, f'resampled pos_embedding_grid from {have} to {want}')
 
 
 def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],

@@ -207,7 +207,7 @@ def preprocess_eval(image, pp):
   return _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
 
 
-def _decode(features, channels, label=''):
+def decode(features, channels, label=''):
   """Encoded image -> uint8 RGB (gray images get 3 equal channels), and the
   label: the feature 'label', or a `task_labels` task's."""
   image = tf.io.decode_image(features['image'], channels=channels,
@@ -301,7 +301,7 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
       batch_size=batch_size, start_step=start_step, rows=rows)
 
   def process(position, features):
-    image, label = _decode(features, info.channels, config.pp.get('label'))
+    image, label = decode(features, info.channels, config.pp.get('label'))
     example_seed = tf.random.experimental.stateless_fold_in(augment_seed,
                                                             position)
     return {'image': preprocess_train(image, example_seed, config.pp),
@@ -318,7 +318,7 @@ def eval_example(features, *, info: DatasetInfo, pp):
   A label may be a set (ImageNet ReaL): multi-hot, and an image without any
   right answer has mask 0, as the ReaL paper scores it.
   """
-  image, label = _decode(features, info.channels, pp.get('label'))
+  image, label = decode(features, info.channels, pp.get('label'))
   target, mask = tf.one_hot(label, info.num_classes), tf.constant(1.0)
   if label.shape.rank == 1:  # a set of right answers
     target = tf.minimum(tf.reduce_sum(target, 0), 1.0)

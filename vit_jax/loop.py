@@ -6,7 +6,8 @@ checkpoint kept), the batch stream's position, progress and TensorBoard,
 the evaluators, `results.json` and the exported `.npz`. A task
 (`vit_jax/tasks`) says what is trained: its model and initial parameters,
 its optimizer labels, its step and its batches; and, where it differs from
-the whole, what is evaluated and exported (`exported`), and anything else
+the whole, what is evaluated and exported (`exported`), evaluators of its
+own (`evaluators`, run after those of `config.evals`), and anything else
 it writes at the end (`finish`).
 """
 
@@ -363,6 +364,7 @@ def run(task, config, workdir):
   mesh = task.mesh
   model, view = exported(task)
   evaluators = registry.from_config(config, task=task, model=model, mesh=mesh)
+  evaluators += getattr(task, 'evaluators', [])  # the task's own, if any
   manager = make_manager(config, workdir, config.max_to_keep)
   state, shardings, start = create_state(task, config, mesh, manager)
   if start >= config.total_steps:

@@ -20,7 +20,9 @@ import numpy as np
 
 from vit_jax import models_resnet
 
-POSEMBS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d')
+POSEMBS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d', 'rope2d',
+           'interp2d')
+ROPE_THETA = 10_000.  # MoonViT's (and EVA-02's) base of the RoPE frequencies
 # What `transformer.remat_policy` saves for the backward pass of each block;
 # the rest is recomputed. 'none' keeps every activation (no remat).
 REMAT_POLICIES = {
@@ -115,6 +117,125 @@ def _pad_prefix(pe, prefix):
   return jnp.pad(pe, ((0, 0), (prefix, 0), (0, 0)))
 
 
+# Position schemes as functions of each token's place: its (row, column) in
+# its image's patch grid and that grid's (height, width). The ordinary ViT
+# gives them `grid_positions`; a packed sequence (models_navit) its own.
+
+
+def grid_positions(grid):
+  """(rows, cols, heights, widths) of the patches of an (h, w) grid in
+  row-major order, each int32 (1, h * w)."""
+  h, w = grid
+  rows, cols = np.divmod(np.arange(h * w, dtype=np.int32), w)
+  full = np.full((1, h * w), 1, np.int32)
+  return rows[None], cols[None], h * full, w * full
+
+
+def factorized_posemb(row_table, col_table, rows, cols, heights, widths,
+                      fractional=False):
+  """NaViT's factorized embedding of each token: row_table[i] + col_table[j].
+
+  (i, j) is the token's (row, column); `fractional`: floor(row / height * G)
+  and floor(col / width * G), G the tables' length. Indices past the tables
+  are clipped (`models_navit.check_batch` rejects them on the host).
+  """
+  if fractional:  # integer arithmetic: exact floors; padding has height 0
+    rows = rows * row_table.shape[0] // jnp.maximum(heights, 1)
+    cols = cols * col_table.shape[0] // jnp.maximum(widths, 1)
+  return (jnp.take(row_table, rows, axis=0, mode='clip') +
+          jnp.take(col_table, cols, axis=0, mode='clip'))
+
+
+def _cubic_taps(index, size, source, a=-0.75):
+  """torch's bicubic resampling of `source` entries to `size`, one axis
+  (`interpolate(mode='bicubic', align_corners=False)`, no antialiasing).
+
+  For output entries `index` (ints), their 4 source entries (clamped to the
+  borders) and Keys' weights with `a`, each (..., 4).
+  """
+  scale = source / jnp.maximum(size, 1).astype(jnp.float32)
+  x = (index + 0.5) * scale - 0.5
+  x0 = jnp.floor(x)
+  t = (x - x0)[..., None]
+  taps = jnp.clip(x0.astype(jnp.int32)[..., None] + np.arange(-1, 3), 0,
+                  source - 1)
+
+  def near(d):  # |d| <= 1
+    return ((a + 2) * d - (a + 3)) * d * d + 1
+
+  def far(d):  # 1 < |d| < 2
+    return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+  weights = jnp.concatenate([far(t + 1), near(t), near(1 - t), far(2 - t)],
+                            axis=-1)
+  return taps, weights
+
+
+def interp2d_posemb(table, rows, cols, heights, widths):
+  """MoonViT's interpolated embedding of each token, (..., D).
+
+  The learned grid `table` (H0, W0, D) resampled to the token's image grid
+  (height, width) as torch's bicubic `interpolate` (`_cubic_taps`), at
+  (row, column). Where the grid is (H0, W0) that is the table itself.
+  """
+  ty, wy = _cubic_taps(rows, heights, table.shape[0])
+  tx, wx = _cubic_taps(cols, widths, table.shape[1])
+  entries = table[ty[..., :, None], tx[..., None, :]]  # (..., 4, 4, D)
+  weights = (wy[..., :, None] * wx[..., None, :])[..., None]
+  # A sum, not a matmul: float32 even where matmuls default to less.
+  return jnp.sum(entries * weights.astype(table.dtype), axis=(-3, -2))
+
+
+def rope2d_angles(rows, cols, head_dim, theta=ROPE_THETA):
+  """MoonViT's 2-D RoPE angles of each token, float32 (..., head_dim / 2).
+
+  Frequencies f_k = theta ** (-4k / head_dim), k < head_dim / 4; angle 2k is
+  col * f_k and angle 2k + 1 is row * f_k. A token at (0, 0) (and a class
+  token, given 0s) is not rotated.
+  """
+  freqs = (theta**(-np.arange(0, head_dim, 4) / head_dim)).astype(np.float32)
+  angles = jnp.stack([jnp.asarray(cols, jnp.float32)[..., None] * freqs,
+                      jnp.asarray(rows, jnp.float32)[..., None] * freqs], -1)
+  return angles.reshape(*angles.shape[:-2], head_dim // 2)
+
+
+def rope_head_dim(width, num_heads):
+  """The head width of 2-D RoPE, once checked: divisible by 4."""
+  if width % num_heads or (width // num_heads) % 4:
+    raise ValueError(f"posemb='rope2d' needs a head width (hidden_size / "
+                     f'num_heads) divisible by 4, got {width} / {num_heads}.')
+  return width // num_heads
+
+
+def apply_rope(x, angles):
+  """Rotates (batch, tokens, heads, d) `x` by (batch, tokens, d / 2)
+  `angles`: pair (x[2j], x[2j + 1]) as a complex number, by angle j."""
+  pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
+  re, im = pairs[..., 0], pairs[..., 1]
+  cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
+  out = jnp.stack([re * cos - im * sin, re * sin + im * cos], axis=-1)
+  return out.reshape(x.shape).astype(x.dtype)
+
+
+class Interp2DPosEmb(nn.Module):
+  """MoonViT's learned 2-D grid `pos_embedding_grid`, interpolated to each
+  token's image grid (`interp2d_posemb`).
+
+  The grid is created as `shape` (H0, W0, D); once it exists its stored
+  (H0, W0) is kept, whatever the images' grids.
+  """
+  posemb_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, positions, shape):
+    """The (..., D) embeddings of `positions` (rows, cols, heights, widths)."""
+    if self.has_variable('params', 'pos_embedding_grid'):
+      stored = self.get_variable('params', 'pos_embedding_grid').shape
+      shape = (*stored[:2], shape[2])
+    table = self.param('pos_embedding_grid', self.posemb_init, shape)
+    return interp2d_posemb(table, *positions)
+
+
 def relative_offset_index(grid, max_distance):
   """Index of the clipped (row, column) offset query - key, for all pairs.
 
@@ -165,15 +286,20 @@ class RelativePositionBias(nn.Module):
 
 def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
               dropout_rng=None, dropout_rate=0., deterministic=False,
-              dtype=None, precision=None, module=None, bias_fn=None):
+              dtype=None, precision=None, module=None, bias_fn=None,
+              rope=None):
   """Flax's `attention_fn` on `jax.nn.dot_product_attention`.
 
-  XLA fuses it, and on NVIDIA GPUs in half precision cuDNN's flash kernel
-  runs it; logits and softmax are float32 either way. Flax's own function
-  serves what the fused one lacks: dropout on the attention weights, and
-  recording them (flax passes `module` when the weights are sown).
-  `bias_fn(scaled query)`, if given, adds a bias to the logits.
+  XLA fuses it, and on NVIDIA GPUs in half precision without a mask cuDNN's
+  flash kernel runs it; logits and softmax are float32 either way. Flax's
+  own function serves what the fused one lacks: dropout on the attention
+  weights, and recording them (flax passes `module` when the weights are
+  sown). `bias_fn(scaled query)`, if given, adds a bias to the logits;
+  `rope`, (batch, tokens, depth / 2) angles, rotates queries and keys
+  (`apply_rope`) first. `mask`: True where a query may attend to a key.
   """
+  if rope is not None:
+    query, key = apply_rope(query, rope), apply_rope(key, rope)
   if bias_fn is not None:
     bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
   if module is not None or (dropout_rate > 0. and not deterministic):
@@ -182,8 +308,8 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
         deterministic=deterministic, dtype=dtype, precision=precision,
         module=module, force_fp32_for_softmax=True)
-  if jax.default_backend() == 'cpu' and mask is None:
-    return _heads_first_attention(query, key, value, bias)
+  if jax.default_backend() == 'cpu':
+    return _heads_first_attention(query, key, value, bias, mask)
   flash = (jax.default_backend() == 'gpu' and bias is None and mask is None
            and query.dtype in (jnp.bfloat16, jnp.float16))
   return jax.nn.dot_product_attention(
@@ -191,7 +317,7 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
       implementation='cudnn' if flash else None)
 
 
-def _heads_first_attention(query, key, value, bias=None):
+def _heads_first_attention(query, key, value, bias=None, mask=None):
   """The same attention with heads moved before tokens first, for the CPU.
 
   XLA's CPU backend fuses the (batch, tokens, heads, depth) transposes into
@@ -205,6 +331,8 @@ def _heads_first_attention(query, key, value, bias=None):
   logits = logits / np.sqrt(query.shape[-1]).astype(np.float32)
   if bias is not None:
     logits = logits + bias
+  if mask is not None:  # finite: a query with no key gets uniform weights
+    logits = jnp.where(mask, logits, np.finfo(np.float32).min)
   weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
   return jnp.swapaxes(jnp.einsum('bhqk,bhkd->bhqd', weights, value), 1, 2)
 
@@ -307,20 +435,21 @@ class Encoder1DBlock(nn.Module):
   scanned: bool = False
 
   @nn.compact
-  def __call__(self, inputs, deterministic, grid=None):
-    """`deterministic` and `grid` are positional for `nn.remat`/`nn.scan`.
+  def __call__(self, inputs, deterministic, grid=None, mask=None, rope=None):
+    """The arguments are positional for `nn.remat`/`nn.scan`: `mask`,
+    boolean (batch, 1, tokens, tokens), True where a token may attend to
+    another; `rope`, (batch, tokens, depth / 2) RoPE angles (`attention`).
 
     With 'intermediates' mutable, the attention weights are recorded as
     `MultiHeadDotProductAttention_0/attention_weights`.
     """
-    attention_fn = attention
+    options = {} if rope is None else {'rope': rope}
     if self.relative_max_distance is not None:
       if grid is None:
         raise ValueError('A relative position bias needs the patch grid.')
       relative_bias = RelativePositionBias(self.relative_max_distance,
                                            name='posembed_relative')
-      attention_fn = functools.partial(
-          attention, bias_fn=functools.partial(relative_bias, grid=grid))
+      options['bias_fn'] = functools.partial(relative_bias, grid=grid)
 
     x = nn.LayerNorm(dtype=self.dtype)(inputs)
     x = nn.MultiHeadDotProductAttention(
@@ -329,9 +458,10 @@ class Encoder1DBlock(nn.Module):
         broadcast_dropout=False,
         deterministic=deterministic,
         dropout_rate=self.attention_dropout_rate,
-        attention_fn=attention_fn,
+        attention_fn=functools.partial(attention, **options),
         dtype=self.dtype)(
-            x, x, sow_weights=self.is_mutable_collection('intermediates'))
+            x, x, mask=mask,
+            sow_weights=self.is_mutable_collection('intermediates'))
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = self._scale(x, 'ls1')
     x = DropPath(self.drop_path_rate)(x, deterministic=deterministic)
@@ -358,7 +488,9 @@ class Encoder(nn.Module):
   Attributes:
     add_position_embedding: use position information at all; False is
       posemb='none' without the dropout on the input (as the original).
-    posemb: one of POSEMBS (docs/position_embeddings.md).
+    posemb: one of POSEMBS (docs/position_embeddings.md); 'rope2d' rotates
+      queries and keys in every block (`rope2d_angles`), 'interp2d' adds
+      `Interp2DPosEmb`'s grid, created at the patch grid of initialization.
     relative_max_distance: clip distance of posemb='relative'.
     stochastic_depth: drop path rate of the last block; block i of L uses
       stochastic_depth * i / (L - 1).
@@ -401,6 +533,7 @@ class Encoder(nn.Module):
     it. `keep`, (batch, k) ints into the row-major patches: after the
     position embedding only those patches, in that order, go on (MAE)."""
     posemb = self._check_inputs(x, grid, keep)
+    rope = self._rope(x, grid, keep) if posemb == 'rope2d' else None
     if self.add_position_embedding:
       x = self._embed_positions(x, posemb, grid)
     if keep is not None:
@@ -409,7 +542,7 @@ class Encoder(nn.Module):
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
 
     relative = self.relative_max_distance if posemb == 'relative' else None
-    x = self._blocks(x, not train, grid, relative)
+    x = self._blocks(x, not train, grid, relative, rope=rope)
     if not self.final_norm:
       return x
     return nn.LayerNorm(name='encoder_norm', dtype=self.dtype)(x)
@@ -421,7 +554,9 @@ class Encoder(nn.Module):
                        f'{POSEMBS}.')
     posemb = self.posemb if self.add_position_embedding else 'none'
     needs = None
-    if posemb in ('learn2d', 'relative', 'sincos2d'):
+    if posemb == 'rope2d':
+      rope_head_dim(x.shape[-1], self.num_heads)
+    if posemb in ('learn2d', 'relative', 'sincos2d', 'rope2d', 'interp2d'):
       needs = f'posemb={posemb!r}'
     elif posemb == 'learn' and not self.posemb_prefix:
       needs = 'posemb_prefix=False'
@@ -456,10 +591,30 @@ class Encoder(nn.Module):
     if posemb == 'sincos2d':
       pe = posemb_sincos_2d(*grid, x.shape[-1], dtype=x.dtype)
       return x + _pad_prefix(pe, x.shape[1] - grid[0] * grid[1])
+    if posemb == 'interp2d':  # the grid of initialization, interpolated
+      pe = Interp2DPosEmb(name='posembed_input')(
+          grid_positions(grid), (*grid, x.shape[-1]))
+      return x + _pad_prefix(pe, x.shape[1] - grid[0] * grid[1]).astype(
+          x.dtype)
     return x
 
-  def _blocks(self, x, deterministic, grid, relative_max_distance):
-    """The encoder blocks: unrolled or scanned, with remat if asked."""
+  def _rope(self, x, grid, keep):
+    """The RoPE angles of the tokens `x` (prefix tokens: 0), of those that
+    go on after `keep`."""
+    prefix = x.shape[1] - grid[0] * grid[1]
+    rows, cols, _, _ = grid_positions(grid)
+    angles = _pad_prefix(
+        rope2d_angles(rows, cols, rope_head_dim(x.shape[-1], self.num_heads)),
+        prefix)
+    if keep is None:
+      return angles
+    angles = jnp.broadcast_to(angles, (keep.shape[0], *angles.shape[1:]))
+    return keep_patches(angles, keep, prefix)
+
+  def _blocks(self, x, deterministic, grid, relative_max_distance, mask=None,
+              rope=None):
+    """The encoder blocks: unrolled or scanned, with remat if asked;
+    `mask` and `rope` as `Encoder1DBlock`'s."""
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f'Unknown remat_policy {self.remat_policy!r}; expected '
                        f'one of {tuple(REMAT_POLICIES)}.')
@@ -481,14 +636,14 @@ class Encoder(nn.Module):
       x, _ = nn.scan(
           block, variable_axes={'params': 0, 'intermediates': 0},
           split_rngs={'params': True, 'dropout': True},
-          in_axes=(nn.broadcast, nn.broadcast), length=self.num_layers)(
+          in_axes=(nn.broadcast,) * 4, length=self.num_layers)(
               scanned=True, name='encoderblock', **settings)(
-                  x, deterministic, grid)
+                  x, deterministic, grid, mask, rope)
       return x
     rates = drop_path_rates(self.stochastic_depth, self.num_layers)
     for i in range(self.num_layers):
       x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
-                **settings)(x, deterministic, grid)
+                **settings)(x, deterministic, grid, mask, rope)
     return x
 
 
@@ -512,18 +667,23 @@ class MAPHead(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, mask=None):
+    """(batch, D) of (batch, tokens, D) `x`; with `mask`, (batch, queries,
+    tokens) bools, one pooled token per query, attending where True: (batch,
+    queries, D)."""
     n, _, d = x.shape
+    queries = 1 if mask is None else mask.shape[1]
     probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d))
-    probe = jnp.tile(probe, (n, 1, 1)).astype(x.dtype)
+    probe = jnp.tile(probe, (n, queries, 1)).astype(x.dtype)
     x = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
-        attention_fn=attention, dtype=self.dtype)(probe, x)
+        attention_fn=attention, dtype=self.dtype)(
+            probe, x, mask=None if mask is None else mask[:, None])
     y = nn.LayerNorm(dtype=self.dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.,
                      gelu_approximate=self.gelu_approximate,
                      dtype=self.dtype)(y, deterministic=True)
-    return x[:, 0]
+    return x[:, 0] if mask is None else x
 
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled',

@@ -2,7 +2,8 @@
 
 `config.trainer` picks the task ('train': supervised classification,
 'distill': classification with a frozen teacher, 'lit', 'mae': masked
-autoencoder pretraining)
+autoencoder pretraining, 'navit': NaViT on packed mixed-resolution
+sequences, or its plain ViT baseline)
 or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 'zeroshot' run only that type of evaluator).
 """
@@ -15,9 +16,11 @@ from vit_jax.tasks import classification
 from vit_jax.tasks import distillation
 from vit_jax.tasks import lit
 from vit_jax.tasks import mae
+from vit_jax.tasks import navit
 
 TASKS = {'train': classification.Task, 'classification': classification.Task,
-         'lit': lit.Task, 'distill': distillation.Task, 'mae': mae.Task}
+         'lit': lit.Task, 'distill': distillation.Task, 'mae': mae.Task,
+         'navit': navit.make_task}
 # Evaluating a checkpoint: the evaluator types run (None: those of training).
 EVALUATIONS = {'evaluate': None, 'fewshot': ('fewshot',),
                'zeroshot': ('zeroshot',)}
