@@ -89,12 +89,13 @@ def make_step(config, model, params, batch):
   state = train_state.TrainState.create(
       apply_fn=model.apply, tx=optim.make_optimizer(config),
       params=jax.tree.map(np.copy, params))
-  inputs = {k: batch[k] for k in packing.KEYS}
+  batch = jax.device_put(batch)  # an argument, not a constant of the step
 
-  def step(state):
+  def step(state, batch):
     def loss_fn(p):
-      logits = state.apply_fn({'params': p}, inputs, train=True,
-                              rngs={'dropout': jax.random.key(0)})
+      logits = state.apply_fn({'params': p},
+                              {k: batch[k] for k in packing.KEYS},
+                              train=True, rngs={'dropout': jax.random.key(0)})
       return navit.image_loss(logits, batch['labels'])
     value, grads = jax.value_and_grad(loss_fn)(state.params)
     return state.apply_gradients(grads=grads), value
@@ -104,7 +105,7 @@ def make_step(config, model, params, batch):
 
   def run(n):
     for _ in range(n):
-      holder[0], loss = step(holder[0])
+      holder[0], loss = step(holder[0], batch)
     jax.block_until_ready(loss)
 
   return run

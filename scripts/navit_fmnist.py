@@ -46,7 +46,9 @@ def run(arm, seed, args, extra):
 
 def mean_se(values):
   values = np.asarray(values, np.float64)
-  se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.
+  if len(values) < 2:
+    return f'{values.mean():.4f}'  # no standard error of one run
+  se = values.std(ddof=1) / np.sqrt(len(values))
   return f'{values.mean():.4f} +- {se:.4f}'
 
 
