@@ -26,7 +26,8 @@ setuptools.setup(
         'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0', 'safetensors==0.8.0',
                  'scikit-learn==1.9.1',  # tests/test_fewshot.py's reference
                  # Notebooks run in the tests (papermill, SMOKE = True).
-                 'papermill==2.7.0', 'ipykernel==7.4.0'],
+                 'papermill==2.7.0', 'ipykernel==7.4.0',
+                 'ipython==9.18.1'],  # notebooks' IPython.display
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
         'convert': ['safetensors==0.8.0', 'torch==2.14.1',
                     'huggingface_hub==2.4.0'],

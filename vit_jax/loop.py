@@ -78,6 +78,14 @@ def pretrained_path(config):
   return None
 
 
+def check_pretrained_file(config):
+  """Fails fast if the config's pretrained file is missing; a remote one is
+  fetched once, before anything compiles."""
+  path = pretrained_path(config)
+  if path:
+    storage.local_copy(path)
+
+
 def make_manager(config, workdir, max_to_keep=None):
   """The workdir's Orbax manager: saves every `checkpoint_every` steps (0:
   only at the end) and when a preemption is agreed."""

@@ -10,7 +10,6 @@ from vit_jax import input_pipeline
 from vit_jax import loop
 from vit_jax import mixing
 from vit_jax import models
-from vit_jax import storage
 from vit_jax.evaluators import classification
 
 
@@ -49,9 +48,7 @@ class Task:
     return model.init(rng, jnp.zeros(self.image_shape), train=False)['params']
 
   def check_initial_files(self):
-    path = loop.pretrained_path(self.config)
-    if path:
-      storage.local_copy(path)  # fails fast; fetched once if remote
+    loop.check_pretrained_file(self.config)
 
   def initial_params(self, params):
     """The pretrained parameters with this model's head, or None."""

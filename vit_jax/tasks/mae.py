@@ -152,9 +152,7 @@ class Task:
     return params['encoder']
 
   def check_initial_files(self):
-    path = loop.pretrained_path(self.config)
-    if path:
-      storage.local_copy(path)  # fails fast; fetched once if remote
+    loop.check_pretrained_file(self.config)
 
   def initial_params(self, params):
     """The encoder from `pretrained_path` (continued pretraining), or None."""
