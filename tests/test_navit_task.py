@@ -10,6 +10,7 @@ import pytest
 
 from configs import navit_fmnist
 from vit_jax import input_pipeline
+from vit_jax import loop
 from vit_jax import packing
 from vit_jax import train
 from vit_jax.tasks import navit
@@ -168,6 +169,35 @@ def test_navit_arm_writes_accuracies_and_efficiency(fmnist_dirs, tmp_path,
   assert results['packing_efficiency'] >= 0.9
   assert results['step'] == 40
   assert 'packing efficiency' in capsys.readouterr().out
+  # trainer='evaluate' reads the workdir's NaViT back and runs its own
+  # evaluator: the same accuracies as at the end of training.
+  config = _config(fmnist_dirs)
+  config.trainer = 'evaluate'
+  train.train_and_evaluate(config, str(tmp_path))
+  again = json.loads((tmp_path / 'eval_results.json').read_text())
+  for key in ('accuracy_14px', 'accuracy_56px', 'accuracy_mixed'):
+    assert again[key] == pytest.approx(results[key])
+
+
+def test_speed_counts_images_not_sequences(fmnist_dirs):
+  """A packed step holds a varying number of images: img/s sums the
+  steps' `images`, not steps x config.batch (16 sequences)."""
+  written = {}
+
+  class Writer:
+
+    def write_scalars(self, step, scalars):
+      del step
+      written.update(scalars)
+
+  progress = loop.Progress(_config(fmnist_dirs), Writer(), 0)
+  progress._previous_step, progress._previous_time = 0, 100.0
+  progress.add({'loss': np.float32(1.0), 'images': np.int32(30)})
+  progress.add({'loss': np.float32(2.0), 'images': np.int32(50)})
+  progress._apply(2, 110.0)
+  assert written['img_per_sec'] == pytest.approx(8.0)  # 80 images in 10 s
+  assert written['train_loss'] == pytest.approx(1.5)
+  assert 'images' not in written
 
 
 def test_vit28_arm_is_evaluated_at_every_side(fmnist_dirs, tmp_path):

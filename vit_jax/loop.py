@@ -209,7 +209,10 @@ class Progress(periodic_actions.ReportProgress):
 
   Losses stay on the device until a report fetches them; a NaN raises
   FloatingPointError. Prints a line per report, or moves a tqdm bar
-  (`config.progress_bar`); writes loss, learning rate and img/s.
+  (`config.progress_bar`); writes loss, learning rate and img/s. A task
+  whose batches hold a varying number of images (packed sequences) says
+  how many in its step's `images` metric; otherwise a step is
+  `config.batch` images.
   """
 
   def __init__(self, config, writer, start_step: int):
@@ -218,7 +221,7 @@ class Progress(periodic_actions.ReportProgress):
                      every_steps=config.progress_every or None,
                      every_secs=None, on_steps=[start_step + 1])
     self.config, self.schedule = config, optim.make_schedule(config)
-    self.pending, self.extra = [], {}
+    self.pending, self.images, self.extra = [], [], {}
     self.bar = tqdm.auto.tqdm(
         total=config.total_steps, initial=start_step, unit='step',
         disable=jax.process_index() > 0) if config.progress_bar else None
@@ -226,7 +229,10 @@ class Progress(periodic_actions.ReportProgress):
 
   def add(self, metrics):
     self.pending.append(metrics['loss'])  # no host round-trip until a report
-    self.extra = {k: v for k, v in metrics.items() if k != 'loss'}
+    if 'images' in metrics:
+      self.images.append(metrics['images'])
+    self.extra = {k: v for k, v in metrics.items()
+                  if k not in ('loss', 'images')}
 
   def restart_clock(self):
     """Leaves out of the speed what was not training (evaluation)."""
@@ -240,18 +246,19 @@ class Progress(periodic_actions.ReportProgress):
       self._after_apply(step, now)
 
   def _apply(self, step: int, t: float):
-    losses = jax.device_get(self.pending)
-    self.pending = []
+    losses, images = jax.device_get((self.pending, self.images))
+    self.pending, self.images = [], []
     loss = float(sum(losses)) / len(losses)
     if loss != loss or abs(loss) == float('inf'):
       raise FloatingPointError(f'Loss became {loss} by step {step}: training '
                                'stopped.')
     super()._apply(step, t)
-    img_s = (step - self._previous_step) * self.config.batch / max(
+    steps, seconds = step - self._previous_step, max(
         t - self._previous_time, 1e-9)
+    img_s = (float(sum(images)) if images else
+             steps * self.config.batch) / seconds
     lr = float(self.schedule(step - 1))
-    eta = (self.config.total_steps - step) * self.config.batch / max(img_s,
-                                                                     1e-9)
+    eta = (self.config.total_steps - step) * seconds / max(steps, 1)
     if self.bar is not None:
       self.bar.update(step - self.bar.n)
       self.bar.set_postfix(loss=f'{loss:.4f}', lr=f'{lr:.3g}',
@@ -425,6 +432,8 @@ def evaluate(task, config, workdir, types=None):
   model, params = task.checkpoint(path or workdir)
   evaluators = registry.from_config(config, task=task, model=model,
                                     mesh=task.mesh, types=types)
+  if types is None:  # the evaluators training runs, the task's own too
+    evaluators += getattr(task, 'evaluators', [])
   params = jax.device_put(params, sharding.tree_shardings(
       params, task.mesh, config.sharding_rules, config.sharding_strategy))
   source = path or f'the latest checkpoint in {workdir}'

@@ -37,7 +37,7 @@ def make_task(config, workdir, *, training=True):
   name = config.trainer
   if name not in TASKS:  # evaluate the model the config names
     is_lit = models.model_class(config.model_name) is models.LitModel
-    name = 'lit' if is_lit else 'train'
+    name = 'lit' if is_lit else 'navit' if 'navit' in config else 'train'
   return TASKS[name](config, workdir, mesh, training=training)
 
 

@@ -371,6 +371,14 @@ class Task:
   def check_initial_files(self):
     pass  # NaViT trains from scratch
 
+  def checkpoint(self, path):
+    """(model, params) of the NaViT checkpoint at `path` (an .npz or a
+    workdir), for `trainer='evaluate'`."""
+    abstract = jax.eval_shape(lambda: self.init_params(jax.random.key(0)))
+    return self.model, checkpoint.inspect_params(
+        params=checkpoint.read_params(path), expected=abstract,
+        source=f'Checkpoint {path}')
+
   def initial_params(self, params):
     del params
     return None
@@ -388,6 +396,7 @@ class Task:
     value, grads = jax.value_and_grad(compute_loss)(state.params)
     return state.apply_gradients(grads=grads), {
         'loss': value,
+        'images': jnp.sum(batch['labels'] >= 0),  # the loop's img/s
         'packing_efficiency': jnp.mean(batch['segment_ids'] > 0)}
 
   def batches(self, *, batch_size, rows, start_step):
