@@ -116,10 +116,12 @@ _MIXERS = {
 # files (scripts/make_swin_golden.py).
 # name: (embed_dim, depths, num_heads, patch, window)
 _SWINS = {
-    'Swin-testing': (8, (2, 2, 2, 2), (1, 2, 2, 4), 2, 2),
+    'Swin-testing': (4, (2, 2, 2, 2), (1, 2, 2, 4), 2, 2),
     'Swin-T': (96, (2, 2, 6, 2), (3, 6, 12, 24), 4, 7),
     'Swin-S': (96, (2, 2, 18, 2), (3, 6, 12, 24), 4, 7),
     'Swin-B': (128, (2, 2, 18, 2), (4, 8, 16, 32), 4, 7),
+    # timm's swin_base_patch4_window12_384: windows of 12 at 384 px.
+    'Swin-B_384': (128, (2, 2, 18, 2), (4, 8, 16, 32), 4, 12),
 }
 
 # LiT (Zhai et al., 2022): a locked ViT and a text tower (models_lit); BERT
@@ -297,9 +299,12 @@ def posemb_resize_method(name: str) -> str:
 
 def native_resolution(name: str) -> Optional[int]:
   """The image side of the preset's published weights (DINOv2: 518 px,
-  other ViTs and Swins 224 px); None for other models and custom names."""
+  Swin-B_384: 384 px, other ViTs and Swins 224 px); None for other models
+  and custom names."""
   if name not in MODEL_CONFIGS or name.startswith(('Mixer-', 'LiT-', 'BiT-')):
     return None
+  if name == 'Swin-B_384':
+    return 384
   return 518 if name.startswith('DINOv2-') else 224
 
 
