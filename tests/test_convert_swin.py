@@ -93,6 +93,20 @@ def test_preset_of_another_window_resizes_tables(tmp_path):
   assert resized['embedding/kernel'] is flat['embedding/kernel']
 
 
+def test_fine_tuning_load_takes_a_new_head(converted):
+  """The one loader (`checkpoint.load_pretrained`) fits a converted Swin:
+  the model's fresh head, the file's body."""
+  model = models.get_model('Swin-testing', num_classes=5)
+  init = jax.jit(lambda: model.init(jax.random.key(0), GOLDEN['images'][:1],
+                                    train=False))()
+  params = checkpoint.load_pretrained(
+      pretrained_path=converted, init_params=init['params'],
+      model_config=models.MODEL_CONFIGS['Swin-testing'])
+  assert params['head']['kernel'].shape == (32, 5)
+  np.testing.assert_array_equal(params['norm']['scale'],
+                                checkpoint.load(converted)['norm']['scale'])
+
+
 def test_wrong_preset_is_refused(tmp_path):
   with pytest.raises(ValueError, match='which preset Swin-T is not'):
     convert.convert(WEIGHTS, str(tmp_path / 'x.npz'), 'Swin-T')

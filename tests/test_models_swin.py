@@ -144,15 +144,17 @@ def test_rectangular_multiple_works():
 
 
 def test_bfloat16_close_to_float32():
-  x = np.random.default_rng(0).uniform(-1, 1, (2, 64, 64, 3))
+  x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3))
   f32 = models.get_model('Swin-testing', num_classes=10)
   bf16 = models.get_model('Swin-testing', num_classes=10, dtype='bfloat16')
   params = f32.init(jax.random.key(0), x, train=False)['params']
   params = jax.tree.map(lambda t: t + 0.3 * jax.random.normal(
       jax.random.key(1), t.shape), params)
   assert all(t.dtype == jnp.float32 for t in jax.tree.leaves(params))
-  want = f32.apply({'params': params}, x, train=False)
-  got = bf16.apply({'params': params}, x, train=False)
+  want = jax.jit(f32.apply, static_argnames='train')(
+      {'params': params}, x, train=False)
+  got = jax.jit(bf16.apply, static_argnames='train')(
+      {'params': params}, x, train=False)
   assert got.dtype == jnp.float32  # the head is float32
   np.testing.assert_allclose(got, want, atol=0.1 * np.abs(want).max())
 
@@ -163,11 +165,13 @@ def test_stochastic_depth_in_training_only():
   x = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3))
   params = model.init(jax.random.key(0), x, train=False)['params']
   params = jax.tree.map(lambda t: t + 0.3, params)
-  run = lambda seed: model.apply(  # pylint: disable=g-long-lambda
+  apply = jax.jit(model.apply, static_argnames='train')
+  run = lambda seed: apply(  # pylint: disable=g-long-lambda
       {'params': params}, x, train=True,
       rngs={'dropout': jax.random.key(seed)})
   assert not np.allclose(run(0), run(1))
   plain = models.get_model('Swin-testing', num_classes=10)
   np.testing.assert_allclose(
-      model.apply({'params': params}, x, train=False),
-      plain.apply({'params': params}, x, train=False), rtol=1e-6)
+      apply({'params': params}, x, train=False),
+      jax.jit(plain.apply, static_argnames='train')(
+          {'params': params}, x, train=False), rtol=1e-6)
