@@ -194,12 +194,12 @@ def dims(flat: Flat) -> Dict[str, object]:
   blocks = sorted({(int(m[1]), int(m[2])) for k in flat for m in [
       re.match(r'layers_(\d+)/blocks_(\d+)/', k)] if m})
   stages = range(max(i for i, _ in blocks) + 1)
-  table = lambda i: flat[f'layers_{i}/blocks_0/attn/{_TABLE}']  # pylint: disable=unnecessary-lambda-assignment
-  side = int(round(np.sqrt(table(0).shape[0])))
+  tables = [flat[f'layers_{i}/blocks_0/attn/{_TABLE}'] for i in stages]
+  side = int(round(np.sqrt(tables[0].shape[0])))
   return {'patch_size': flat['embedding/kernel'].shape[0],
           'embed_dim': flat['embedding/kernel'].shape[-1],
           'depths': tuple(sum(1 for s, _ in blocks if s == i) for i in stages),
-          'num_heads': tuple(table(i).shape[1] for i in stages),
+          'num_heads': tuple(t.shape[1] for t in tables),
           'window_size': (side + 1) // 2}
 
 
@@ -210,9 +210,12 @@ def preset(flat: Flat, model_name: Optional[str] = None) -> str:
   """The Swin preset of `flat`: `model_name` if it fits (its window may
   differ: the tables are resized), else the one of the same window."""
   have = dims(flat)
-  fits = lambda name: all(  # pylint: disable=unnecessary-lambda-assignment
-      tuple(np.atleast_1d(model_configs.MODEL_CONFIGS[name][k])) ==
-      tuple(np.atleast_1d(have[k])) for k in _SHAPE)
+
+  def fits(name):
+    config = model_configs.MODEL_CONFIGS[name]
+    return all(tuple(np.atleast_1d(config[k])) == tuple(np.atleast_1d(
+        have[k])) for k in _SHAPE)
+
   if model_name is not None:
     if not model_name.startswith('Swin-') or not fits(model_name):
       raise ValueError(f'The weights are a Swin with {have}, which preset '

@@ -24,7 +24,7 @@ from vit_jax import models_vit
 # The original's (and timm's) value for masked logits: exp(-100) is zero in
 # float32 next to the unmasked ones, and finite, so no NaN can arise.
 MASK_VALUE = -100.
-LAYERNORM_EPSILON = 1e-5  # PyTorch's default, which the weights were trained with
+LAYERNORM_EPSILON = 1e-5  # PyTorch's, which timm's weights were trained with
 
 
 def window_partition(x, window: Tuple[int, int]):
@@ -73,8 +73,8 @@ def shifted_window_mask(grid, window, shift) -> Optional[np.ndarray]:
   if not any(shift):
     return None
   labels = np.zeros((1, *grid, 1), np.float32)
-  # Per axis: the part no window crosses, the window-wide strip at the end
-  # that the shift fills from both borders, split where the borders meet.
+  # Per axis: the windows that the roll leaves whole, then the last window,
+  # split where the patches rolled in from the other border begin.
   edges = [(0, g - wi, g - si, g) for g, wi, si in zip(grid, window, shift)]
   for k, (i, j) in enumerate(np.ndindex(3, 3)):
     labels[:, edges[0][i]:edges[0][i + 1], edges[1][j]:edges[1][j + 1]] = k
