@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from vit_jax import model_configs
 from vit_jax import models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,6 +93,12 @@ MODEL_SIZES = {
     'ViT-Ti_16': 5_717_416,
     'testing': 21_390,
     'testing-unpooled': 21_370,
+    # timm's swin_*_patch4_window{7_224,12_384}.
+    'Swin-T': 28_288_354,
+    'Swin-S': 49_606_258,
+    'Swin-B': 87_768_224,
+    'Swin-B_384': 87_903_584,
+    'Swin-testing': 70_398,
 }
 
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
@@ -106,7 +113,10 @@ def test_param_count(name):
   kw = {} if name.startswith('LiT-') else dict(num_classes=1000)
   model = models.get_model(name, **kw)
   assert isinstance(model, models.model_class(name))
-  assert models.count_params(model) == MODEL_SIZES[name]
+  # A Swin's side is a multiple of its window's (384 px for Swin-B_384).
+  side = model_configs.native_resolution(name) if name.startswith(
+      'Swin-') else 224
+  assert models.count_params(model, (1, side, side, 3)) == MODEL_SIZES[name]
 
 
 @pytest.mark.parametrize('name', ['testing', 'testing-unpooled',

@@ -301,7 +301,9 @@ def test_weights_source(name, source, resolution):
 
 def test_preset_options():
   for name, config in models.MODEL_CONFIGS.items():
-    if model_configs.weights_source(name) == 'timm':
+    if name.startswith('Swin-'):
+      assert not config.gelu_approximate, name
+    elif model_configs.weights_source(name) == 'timm':
       assert not config.transformer.gelu_approximate, name
       assert config.classifier in ('token', 'distilled'), name
       assert config.transformer.dropout_rate == 0, name

@@ -16,7 +16,8 @@ transform and the settings that differ from the preset go beside the `.npz`
 (`preprocess.save_transform`). ViTs (DeiT's distilled ones too: `dist_token`
 and `head_dist` become `dist` and `head_dist`; LayerScale, registers, a
 table without the prefix entries, `fc_norm` and SwiGLU: DINOv2, DeiT III,
-MAE), hybrids and (without `config.json`) MLP-Mixers are converted. MAE's
+MAE), hybrids and (without `config.json`) MLP-Mixers are converted; so are Swin
+Transformers (`convert_swin`, which lists the names). MAE's
 encoder is a plain ViT: its `config.json` tag 'mae' (the hub's
 `timm/vit_base_patch16_224.mae`) or `--model_name=MAE-B_16` picks the
 preset. `.safetensors` is read with
@@ -39,6 +40,7 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import cli
+from vit_jax import convert_swin
 from vit_jax import models
 from vit_jax import preprocess
 
@@ -669,13 +671,18 @@ class Source(NamedTuple):
 def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   """Reads timm's weights, and the config.json beside them, for vit_jax."""
   weights, config_path = locate(src)
+  state = read_timm(weights)
+  config = {}
+  if config_path is not None:
+    with open(config_path) as f:
+      config = json.load(f)
+  if convert_swin.is_swin(state):
+    return _from_swin(state, config, model_name)
   if config_path is None:
-    return _from_bare(weights, model_name)
-  with open(config_path) as f:
-    config = json.load(f)
+    return _from_bare(weights, state, model_name)
   settings = timm_settings(config)
   overrides = vit_overrides(settings)
-  state = _fc_norm_as_final(read_timm(weights), overrides['classifier'] in (
+  state = _fc_norm_as_final(state, overrides['classifier'] in (
       'token', 'distilled') and _uses_fc_norm(settings))
   flat = timm_to_npz(state, settings['num_heads'])
   _check_complete(flat, weights)
@@ -690,9 +697,19 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
                 dict(config.get('pretrained_cfg') or {}))
 
 
-def _from_bare(weights: str, model_name: Optional[str]) -> Source:
+def _from_swin(state: Flat, config: Dict[str, Any],
+               model_name: Optional[str]) -> Source:
+  """A timm Swin, its bias tables resized to the preset's window."""
+  flat = convert_swin.timm_to_npz(state)
+  model_name = convert_swin.preset(flat, model_name)
+  window = models.MODEL_CONFIGS[model_name].window_size
+  return Source(convert_swin.fit_window(flat, window), model_name, {},
+                dict(config.get('pretrained_cfg') or {}))
+
+
+def _from_bare(weights: str, state: Flat, model_name: Optional[str]
+               ) -> Source:
   """A state dict alone: timm's defaults, the heads of the preset."""
-  state = read_timm(weights)
   # timm's default pooling for a class token is 'token', where fc_norm (set
   # explicitly) acts as the final norm; without one, 'avg' (fc_norm then).
   state = _fc_norm_as_final(state, 'cls_token' in state)
@@ -815,10 +832,13 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   """Converts `src` to `dst`, by their extensions; returns the preset."""
   if src.endswith('.npz'):
     flat = checkpoint.published_flat(checkpoint.load(src))
-    model_name = model_name or infer_preset(flat)
+    swin = convert_swin.is_swin(flat)
+    model_name = model_name or (convert_swin.preset(flat) if swin else
+                                infer_preset(flat))
+    state = convert_swin.npz_to_timm(flat) if swin else npz_to_timm(flat)
     save_file = _import('safetensors.numpy', dst).save_file
     save_file({k: np.ascontiguousarray(v, np.float32)
-               for k, v in npz_to_timm(flat).items()}, dst)
+               for k, v in state.items()}, dst)
     return model_name
   if not os.path.exists(src) and re.fullmatch(r'[\w.-]+/[\w.-]+', src):
     src = fetch(src)

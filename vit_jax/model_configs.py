@@ -1,8 +1,8 @@
 """Model presets, by the original release's names (e.g. 'ViT-B_16').
 
 `models.get_model` builds an MlpMixer for names starting with 'Mixer-', a
-LitModel for 'LiT-', a ResNetV2 for 'BiT-' and a VisionTransformer
-otherwise.
+LitModel for 'LiT-', a ResNetV2 for 'BiT-', a SwinTransformer for 'Swin-'
+and a VisionTransformer otherwise.
 """
 
 from typing import Optional
@@ -109,6 +109,19 @@ _MIXERS = {
     'Mixer-B_16': (768, 12, 384, 3072, 16),
     'Mixer-B_32': (768, 12, 384, 3072, 32),
     'Mixer-L_16': (1024, 24, 512, 4096, 16),
+}
+
+# Swin Transformer (Liu et al., 2021), timm's swin_*_patch4_window7_224
+# (models_swin). 'Swin-testing' matches the small timm model of the golden
+# files (scripts/make_swin_golden.py).
+# name: (embed_dim, depths, num_heads, patch, window)
+_SWINS = {
+    'Swin-testing': (4, (2, 2, 2, 2), (1, 2, 2, 4), 2, 2),
+    'Swin-T': (96, (2, 2, 6, 2), (3, 6, 12, 24), 4, 7),
+    'Swin-S': (96, (2, 2, 18, 2), (3, 6, 12, 24), 4, 7),
+    'Swin-B': (128, (2, 2, 18, 2), (4, 8, 16, 32), 4, 7),
+    # timm's swin_base_patch4_window12_384: windows of 12 at 384 px.
+    'Swin-B_384': (128, (2, 2, 18, 2), (4, 8, 16, 32), 4, 12),
 }
 
 # LiT (Zhai et al., 2022): a locked ViT and a text tower (models_lit); BERT
@@ -225,6 +238,23 @@ def _mixer(name, hidden, blocks, tokens_mlp, channels_mlp, patch):
   })
 
 
+def _swin(name, embed_dim, depths, num_heads, patch, window):
+  """A Swin ConfigDict: timm's exact GELU, no dropout."""
+  return ml_collections.ConfigDict({
+      'model_name': name,
+      'patch_size': patch,
+      'embed_dim': embed_dim,
+      'depths': depths,
+      'num_heads': num_heads,
+      'window_size': window,
+      'dropout_rate': 0.0,
+      'attention_dropout_rate': 0.0,
+      'stochastic_depth': 0.0,
+      'gelu_approximate': False,
+      'dtype': 'float32',
+  })
+
+
 def _lit(name, image, out_dim, text_model, text):
   """A LiT ConfigDict with the original's fields, plus the loss's inits."""
   return ml_collections.ConfigDict({
@@ -246,12 +276,12 @@ def _lit(name, image, out_dim, text_model, text):
 # models never normalize; the data pipelines, predict and analysis do.
 NORMALIZATIONS = {'google': ((0.5,) * 3, (0.5,) * 3),
                   'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
-_TIMM_PREFIXES = ('DeiT-', 'DeiT3-', 'DINOv2-', 'MAE-')
+_TIMM_PREFIXES = ('DeiT-', 'DeiT3-', 'DINOv2-', 'MAE-', 'Swin-')
 
 
 def weights_source(name: str) -> str:
   """'timm' for the presets of timm's weights (DeiT, DeiT III, DINOv2,
-  MAE), else 'google'."""
+  MAE, Swin), else 'google'."""
   return 'timm' if name.startswith(_TIMM_PREFIXES) else 'google'
 
 
@@ -269,9 +299,12 @@ def posemb_resize_method(name: str) -> str:
 
 def native_resolution(name: str) -> Optional[int]:
   """The image side of the preset's published weights (DINOv2: 518 px,
-  other ViTs 224 px); None for other models and custom names."""
+  Swin-B_384: 384 px, other ViTs and Swins 224 px); None for other models
+  and custom names."""
   if name not in MODEL_CONFIGS or name.startswith(('Mixer-', 'LiT-', 'BiT-')):
     return None
+  if name == 'Swin-B_384':
+    return 384
   return 518 if name.startswith('DINOv2-') else 224
 
 
@@ -304,6 +337,7 @@ MODEL_CONFIGS = Presets({
         *(_timm_vit(name, *row) for name, row in _MAES.items()),
         *(_bit(name, *row) for name, row in _BITS.items()),
         *(_mixer(name, *row) for name, row in _MIXERS.items()),
+        *(_swin(name, *row) for name, row in _SWINS.items()),
         *(_lit(name, *row) for name, row in _LITS.items()),
     ]
 })

@@ -14,6 +14,7 @@ from vit_jax import model_configs
 from vit_jax import models_lit
 from vit_jax import models_mixer
 from vit_jax import models_resnet
+from vit_jax import models_swin
 from vit_jax import models_vit
 from vit_jax.model_configs import MODEL_CONFIGS
 
@@ -21,13 +22,14 @@ VisionTransformer = models_vit.VisionTransformer
 MlpMixer = models_mixer.MlpMixer
 LitModel = models_lit.LitModel
 ResNetV2 = models_resnet.ResNetV2
+SwinTransformer = models_swin.SwinTransformer
 
 
 def get_model(name: str, **kw) -> nn.Module:
   """Returns the model for preset `name`; `kw` overrides its config.
 
   Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, 'BiT-'
-  ResNetV2s, all others VisionTransformers.
+  ResNetV2s, 'Swin-' SwinTransformers, all others VisionTransformers.
   """
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
   return model_class(name)(**config)
@@ -35,7 +37,8 @@ def get_model(name: str, **kw) -> nn.Module:
 
 def token_grid(config):
   """The patch grid of `config`'s ViT at `pp.crop`; None for other models
-  (a Mixer's token count is fixed, a ResNet has no tokens)."""
+  (a Mixer's token count is fixed, a ResNet has no tokens, a Swin's change
+  from stage to stage)."""
   if model_class(config.model_name) is not VisionTransformer:
     return None
   return models_vit.token_grid(config.model, (config.pp.crop,) * 2)
@@ -47,6 +50,8 @@ def model_class(name: str):
     return LitModel
   if name.startswith('BiT-'):
     return ResNetV2
+  if name.startswith('Swin-'):
+    return SwinTransformer
   return MlpMixer if name.startswith('Mixer-') else VisionTransformer
 
 
