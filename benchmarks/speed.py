@@ -52,6 +52,9 @@ import optax
 
 from vit_jax import models
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 flags.DEFINE_list('models', ['ViT-Ti_16', 'ViT-S_16', 'ViT-B_16'], 'Presets.')
 flags.DEFINE_integer('size', 224, 'Image side.')
 flags.DEFINE_integer('batch', 32, 'Images per step.')
@@ -63,6 +66,8 @@ flags.DEFINE_integer('rounds', 3, 'Alternating rounds; the best one counts.')
 flags.DEFINE_enum('timm', 'auto', ['auto', 'yes', 'no'],
                   'Also run timm (auto: if it is installed).')
 flags.DEFINE_bool('memory', True, 'Measure peak memory (child processes).')
+flags.DEFINE_bool('profile', False, 'Also print where one training step\'s '
+                  'time goes, op by op, in both frameworks (op_profile.py).')
 flags.DEFINE_string('child', None, 'Internal: `jax:MODEL` or `timm:MODEL`, '
                     'run training steps and print the peak RSS.')
 FLAGS = flags.FLAGS
@@ -85,6 +90,23 @@ def analytic_flops(name: str, size: int) -> float:
   per_layer = 4 * n * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim
   return 2. * (patches * patch * patch * 3 * d + t.num_layers * per_layer +
                d * NUM_CLASSES)
+
+
+def row_flops(name: str, size: int) -> dict:
+  """FLOPs of one training step per op_profile row (analytic, 2 per MAC):
+  the attention core's products forward and backward, the other products
+  in each of their three passes."""
+  config = models.MODEL_CONFIGS[name]
+  d, layers = config.hidden_size, config.transformer.num_layers
+  patch = config.patches.size[0]
+  n = (size // patch)**2 + 1
+  attention = 2. * 2 * n * n * d * layers * FLAGS.batch  # q k^T, w v
+  products = analytic_flops(name, size) * FLAGS.batch - attention
+  embedding = 2. * (n - 1) * patch * patch * 3 * d * FLAGS.batch
+  return {'products, forward': products,
+          'products, input gradient': products - embedding,
+          'products, weight gradient': products,
+          'attention core': 3 * attention}  # forward, 2x backward
 
 
 def train_step(state, batch):
@@ -243,6 +265,22 @@ def _child(spec):
   print(json.dumps({'peak_gb': _rss_gb('VmHWM') - imports}))
 
 
+def _profile(name, jax_runner, with_timm):
+  """({framework: {row: seconds}}, {framework: {row: FLOPs}}) of one
+  training step, after a warm-up step."""
+  flops = row_flops(name, FLAGS.size)
+  jax_runner.train(1)
+  found = {'vit_jax': op_profile.profile_xla(
+      jax_runner.step, lambda: jax_runner.train(1), jax_runner.state.params)}
+  if with_timm:
+    runner = TimmRunner(name)
+    runner.train(1)
+    patch = models.MODEL_CONFIGS[name].patches.size[0]
+    tokens = FLAGS.batch * ((FLAGS.size // patch)**2 + 1)
+    found['timm'] = op_profile.profile_torch(lambda: runner.train(1), tokens)
+  return found, {'vit_jax': flops, 'timm': flops}
+
+
 def _measure(name, with_timm):
   """Best img/s over alternating rounds, per framework and task."""
   runners = {'vit_jax': JaxRunner(name)}
@@ -271,11 +309,14 @@ def main(argv):
         '(XLA / analytic) | MFU vit_jax | MFU timm | peak GB vit_jax | '
         'peak GB timm | compile s |')
   print('|---' * 11 + '|')
+  profiles = {}
   for name in FLAGS.models:
     jax_runner, best = _measure(name, with_timm)
     forward = analytic_flops(name, FLAGS.size)
     memory = {f: peak_memory_gb(f, name) if FLAGS.memory else float('nan')
               for f in (['jax', 'timm'] if with_timm else ['jax'])}
+    if FLAGS.profile:
+      profiles[name] = _profile(name, jax_runner, with_timm)
     for what, analytic in (('train', 3 * forward), ('infer', forward)):
       ours, theirs = best['vit_jax', what], best.get(('timm', what))
       row = [name, what, f'{ours:.1f}',
@@ -290,6 +331,13 @@ def main(argv):
              if what == 'train' and with_timm else '',
              f'{jax_runner.compile_s:.1f}' if what == 'train' else '']
       print('| ' + ' | '.join(row) + ' |', flush=True)
+  if profiles:
+    print('\nOne training step, op by op (ms; GFLOP/s where counted):\n')
+    print('| model | ops | vit_jax ms | vit_jax GFLOP/s | timm ms | '
+          'timm GFLOP/s |')
+    print('|---' * 6 + '|')
+    for name, (found, flops) in profiles.items():
+      print(op_profile.table(name, found, flops))
 
 
 if __name__ == '__main__':
