@@ -36,8 +36,18 @@ def _after_forward(*values):
   gradient is lost anyway).
   """
   *saved, g = jax.lax.optimization_barrier(values)
-  zero = 0 * jnp.ravel(g)[0]
-  return (*(v + zero.astype(v.dtype) for v in saved), g)
+  return (*(_plus_zero_of(v, g) for v in saved), g)
+
+
+def _plus_zero_of(value, g):
+  """`value` + 0 * (g, or g's first feature for per-row statistics): the
+  same value, one that XLA computes only once `g` exists. Elementwise, so
+  nothing crosses devices when `g` is sharded."""
+  if value.shape == g.shape:
+    return value + (0 * g).astype(value.dtype)
+  if value.shape == g.shape[:-1] + (1,):
+    return value + (0 * g[..., :1]).astype(value.dtype)
+  return value  # a parameter: small, and read by the gradient anyway
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
