@@ -46,6 +46,51 @@ def test_gelu_value_and_gradient(approximate):
   np.testing.assert_allclose(grad, want, atol=1e-5)
 
 
+@pytest.mark.parametrize('approximate', [True, False])
+def test_gelu_dot_general_value_and_gradients(approximate):
+  rng = np.random.default_rng(3)
+  h, kernel = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5))
+  w = rng.normal(size=(2, 3, 5))
+  dims = (((2,), (0,)), ((), ()))
+  args = [a.astype(np.float32) for a in (h, kernel)]
+
+  def want_np(h, kernel):
+    return np.einsum('btm,mo->bto', _gelu_np(h, approximate), kernel)
+
+  got = lean_ops.gelu_dot_general(*args, dims, approximate=approximate)
+  np.testing.assert_allclose(got, want_np(h, kernel), atol=1e-5)
+  grads = jax.grad(lambda *a: jnp.sum(lean_ops.gelu_dot_general(
+      *a, dims, approximate=approximate) * w), (0, 1))(*args)
+  np.testing.assert_allclose(grads[0], _numeric_grad(
+      lambda h: np.sum(want_np(h, kernel) * w), h), atol=1e-4)
+  np.testing.assert_allclose(grads[1], _numeric_grad(
+      lambda k: np.sum(want_np(h, k) * w), kernel), atol=1e-4)
+
+
+def test_mlp_block_is_dense_gelu_dense_with_and_without_dropout():
+  """The MLP with GELU inside the second product, and the one with dropout
+  between (GELU apart), compute Dense, GELU, Dense."""
+  block = models_vit.MlpBlock(mlp_dim=6, dropout_rate=0.5,
+                              gelu_approximate=False)
+  x = np.random.default_rng(4).normal(size=(2, 3, 4)).astype(np.float32)
+  params = block.init(jax.random.key(0), x, deterministic=True)['params']
+  params = jax.tree.map(lambda a: a + 0.1, params)  # biases not zero
+  dense = lambda name, x: x @ params[name]['kernel'] + params[name]['bias']
+  want = dense('Dense_1', _gelu_np(dense('Dense_0', x), approximate=False))
+  np.testing.assert_allclose(
+      block.apply({'params': params}, x, deterministic=True), want, atol=1e-5)
+  # With dropout, each kept unit of the hidden layer is scaled by 1 / 0.5.
+  out, mask = block.apply(
+      {'params': params}, x, deterministic=False,
+      rngs={'dropout': jax.random.key(1)}, capture_intermediates=True,
+      mutable=['intermediates'])
+  hidden = mask['intermediates']['Dropout_0']['__call__'][0]
+  kept = hidden != 0
+  assert 0 < kept.mean() < 1
+  np.testing.assert_allclose(
+      hidden[kept], 2 * _gelu_np(dense('Dense_0', x), False)[kept], atol=1e-5)
+
+
 def _softmax_np(x):
   e = np.exp(x - x.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
@@ -141,11 +186,12 @@ def test_a_block_keeps_only_what_its_backward_pass_needs():
   """Each block added to the model adds at most what its backward pass
   needs: x, x + attention, both LayerNorm outputs, q, k, v, the attention
   output (twice: heads first, and tokens first for the projection), the
-  MLP's hidden layer before and after GELU. No (tokens x tokens) weights.
+  MLP's hidden layer before GELU (not after: lean_ops.gelu_dot_general).
+  No (tokens x tokens) weights.
   """
   batch, side, width, mlp, heads = 8, 14, 64, 256, 8
   tokens = side * side + 1
-  per_block = batch * tokens * (8 * width + 2 * mlp) * 4
+  per_block = batch * tokens * (8 * width + mlp) * 4
   attention_weights = batch * heads * tokens * tokens * 4
   assert attention_weights > 0.5 * per_block  # the bound below can see it
   grown = (_step_temp_bytes(4, batch, side, width, mlp, heads) -

@@ -390,9 +390,15 @@ class MlpBlock(nn.Module):
     if self.swiglu:
       x1, x2 = jnp.split(dense(2 * self.mlp_dim)(inputs), 2, axis=-1)
       x = nn.silu(x1) * x2
+    elif deterministic or self.dropout_rate == 0:
+      # GELU inside the next product, whose backward pass then keeps only
+      # the hidden layer before GELU (lean_ops.gelu_dot_general).
+      x = dense(self.mlp_dim)(inputs)
+      dense = functools.partial(dense, dot_general=functools.partial(
+          lean_ops.gelu_dot_general, approximate=self.gelu_approximate))
     else:
       x = lean_ops.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
-    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+      x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
