@@ -69,6 +69,18 @@ def _xla_row(line: str, computations, param_sizes) -> str:
   return 'other'
 
 
+def trace_events(run_step):
+  """The complete ('X') events of a `jax.profiler` trace of `run_step()`."""
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    run_step()
+    jax.profiler.stop_trace()
+    path = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'),
+                     recursive=True)[0]
+    with gzip.open(path) as f:
+      return [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
+
+
 def profile_xla(compiled, run_step, params) -> dict:
   """{row: seconds} of one step of `compiled`, run by `run_step()`."""
   hlo = compiled.as_text()
@@ -82,18 +94,10 @@ def profile_xla(compiled, run_step, params) -> dict:
     match = re.match(r'\s*(?:ROOT )?%([\w.\-]+) = ', line)
     if match:
       rows[match.group(1)] = _xla_row(line, computations, param_sizes)
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
-    run_step()
-    jax.profiler.stop_trace()
-    path = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'),
-                     recursive=True)[0]
-    with gzip.open(path) as f:
-      events = json.load(f)['traceEvents']
   seconds = collections.Counter()
-  for event in events:
-    row = rows.get(event.get('name'))
-    if event.get('ph') == 'X' and row:
+  for event in trace_events(run_step):
+    row = rows.get(event['name'])
+    if row:
       seconds[row] += event['dur'] / 1e6
   return dict(seconds)
 

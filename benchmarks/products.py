@@ -14,13 +14,9 @@ the table and what it shows.
 """
 
 import collections
-import glob
-import gzip
-import json
 import os
 import re
 import sys
-import tempfile
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -79,18 +75,6 @@ def products(hlo):
     dims = None if 'batch_dims' in rest else (int(lhs_k), int(rhs_k))
     found[match.group(1)] = (label, flops, lhs_shape, rhs_shape, dims)
   return found
-
-
-def trace_events(run_step):
-  """The complete ('X') events of one traced call of `run_step`."""
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir)
-    run_step()
-    jax.profiler.stop_trace()
-    path = glob.glob(os.path.join(trace_dir, '**', '*.trace.json.gz'),
-                     recursive=True)[0]
-    with gzip.open(path) as f:
-      return [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
 
 
 def inside_rows(found, events, fusions):
@@ -152,7 +136,8 @@ def main(argv):
   found = products(runner.step.as_text())
   fusions = {m.group(1) for m in re.finditer(
       r'^\s*(?:ROOT )?%([\w.\-]+) = ', runner.step.as_text(), re.M)}
-  rows = inside_rows(found, trace_events(lambda: runner.train(1)), fusions)
+  rows = inside_rows(found, op_profile.trace_events(
+      lambda: runner.train(1)), fusions)
   shapes = {v[0]: v[2:] for v in found.values()}
   print(f'{FLAGS.model}, batch {FLAGS.batch}, {FLAGS.size} px, '
         f'{jax.device_count()} {jax.default_backend()} device(s); GFLOP/s')
