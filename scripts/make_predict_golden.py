@@ -11,7 +11,10 @@ goes through timm's own eval transforms (`timm.data.create_transform` of
   timm_predict.transform.json    the eval transform of 'center', as `convert`
                                  records it (with the exact-GELU override)
   timm_predict.npz               per transform NAME: NAME (timm's prepared
-                                 image, HWC) and NAME_probs (its softmax)
+                                 image, HWC) and NAME_probs (its softmax);
+                                 'bare' is `create_transform(crop_pct=0.9,
+                                 interpolation='bicubic')` alone, as for a
+                                 weights file without config.json
 
   python scripts/make_predict_golden.py
 """
@@ -89,10 +92,17 @@ def main():
       record['model'] = {'transformer': {'gelu_approximate': False}}
       with open(os.path.join(OUT, 'timm_predict.transform.json'), 'w') as f:
         f.write(json.dumps(record, indent=1) + '\n')
+  # timm's transform with only these two given: its defaults for the rest.
+  pixels = timm.data.create_transform(
+      input_size=(3, SIZE, SIZE), crop_pct=0.9, interpolation='bicubic')(
+          Image.open(image_path).convert('RGB'))
+  with torch.no_grad():
+    golden['bare_probs'] = torch.softmax(model(pixels[None]), -1)[0].numpy()
+  golden['bare'] = pixels.permute(1, 2, 0).numpy()
   np.savez(os.path.join(OUT, 'timm_predict.npz'), **golden)
   save_file({k: v.contiguous() for k, v in model.state_dict().items()},
             os.path.join(OUT, 'timm_predict_vit.safetensors'))
-  for name in TRANSFORMS:
+  for name in (*TRANSFORMS, 'bare'):
     print(name, np.round(np.sort(golden[f'{name}_probs'])[::-1][:5], 4))
 
 

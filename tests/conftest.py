@@ -1,14 +1,26 @@
 """Test set-up: 8 simulated CPU devices, quiet TensorFlow without GPUs;
-tiny offline data."""
+tiny offline data; one JAX compilation cache for the whole run."""
 
+import atexit
 import gzip
 import os
+import shutil
 import struct
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Many tests compile the same steps, in this process, in the other pytest
+# worker and in the commands they start: JAX's persistent cache, made here
+# by the first process (pytest's, before its workers start, which inherit
+# the variable), serves them all and goes with that process.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _cache = tempfile.mkdtemp(prefix='vit_jax_tests_jax_cache_')
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import pytest

@@ -10,8 +10,8 @@ from configs import common
 from configs import default
 from configs import finetune_mnist5k
 from configs import vit
+from vit_jax import config_checks
 from vit_jax import models
-from vit_jax import loop
 from vit_jax import mixing
 from vit_jax.tasks import classification
 
@@ -30,7 +30,7 @@ def test_vit_fine_tuning_presets(dataset, steps, train_split):
   assert config.model.to_dict() == models.MODEL_CONFIGS['ViT-B_16'].to_dict()
   with pytest.raises(AttributeError):
     config.learning_rate = 0.1  # locked: unknown keys fail at once
-  loop.validate_config(config, 8)
+  config_checks.validate(config, 8)
 
 
 def test_unknown_names():
@@ -48,7 +48,7 @@ def test_unknown_names():
       for v in ablation_posemb.VARIANTS]])
 def test_offline_configs_build_their_model(get_config):
   config = get_config()
-  loop.validate_config(config, 1)
+  config_checks.validate(config, 1)
   model = classification.make_model(config, 10)
   image = (1, config.pp.crop, config.pp.crop, 3)
   assert models.count_params(model, image) > 100_000
@@ -70,7 +70,7 @@ def test_hybrid_and_mixer_fine_tuning_configs(arg, name, crop):
   config = vit.get_config(arg)
   assert (config.model_name, config.pp.crop) == (name, crop)
   assert config.model.to_dict() == models.MODEL_CONFIGS[name].to_dict()
-  loop.validate_config(config, 8)
+  config_checks.validate(config, 8)
   model = classification.make_model(config, 10)
   assert isinstance(model, models.MlpMixer if name.startswith('Mixer')
                     else models.VisionTransformer)
@@ -104,7 +104,7 @@ def test_augreg_levels(level, dataset):
   config_reg = augreg.get_config(f's16,{level},{dataset},reg')
   transformer = config_reg.model.transformer
   assert (transformer.dropout_rate, transformer.stochastic_depth) == (.1, .1)
-  loop.validate_config(config, 8)
+  config_checks.validate(config, 8)
   mixing.check_config(config)
 
 

@@ -136,6 +136,30 @@ def test_hub_name_fails_fast_offline(monkeypatch):
     convert.convert('timm/vit_base_patch16_224.augreg_in21k', 'x.npz')
 
 
+@pytest.mark.parametrize('src,dst,message', [
+    # The README's command, offline.
+    ('timm/vit_base_patch16_224.augreg2_in21k_ft_in1k', 'ViT-B_16.npz',
+     'Error: Cannot reach huggingface.co to fetch timm/vit_base_patch16_224.'
+     'augreg2_in21k_ft_in1k (HF_HUB_OFFLINE is set).'),
+    ('corrupt.safetensors', 'v.npz',
+     'Error: Cannot read corrupt.safetensors: not a safetensors file'),
+    (os.path.join(DATA, 'timm_vit.safetensors'), 'nodir/v.npz',
+     'Error: nodir/v.npz: the folder '),
+    (os.path.join(DATA, 'timm_vit.safetensors'), 'v.safetensors',
+     'Error: v.safetensors: converting '),
+])
+def test_command_line_errors_are_one_line(tmp_path, src, dst, message):
+  (tmp_path / 'corrupt.safetensors').write_bytes(b'not safetensors at all')
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.convert', src, dst],
+      capture_output=True, text=True, timeout=300, cwd=tmp_path,
+      env=dict(os.environ, HF_HUB_OFFLINE='1', TF_ENABLE_ONEDNN_OPTS='1'))
+  assert result.returncode == 1
+  lines = result.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(message), result.stderr
+  assert os.listdir(tmp_path) == ['corrupt.safetensors']
+
+
 def test_what_timm_cannot_hold_is_refused(tmp_path):
   """timm's ViT has no representation layer: a .npz with pre_logits (the
   published i21k files) cannot go back to timm's layout, and says why."""
@@ -374,9 +398,12 @@ def test_eval_transform_and_settings_are_recorded(tmp_path, capsys):
                                'transformer': {'gelu_approximate': False}}
   assert (f"Note: {dst} is testing with classifier='gap', "
           'transformer.gelu_approximate=False') in capsys.readouterr().err
-  # Converted again, as a Mixer: no record, and the old one is gone.
+  # Converted again, as a bare Mixer file: timm's default transform, and
+  # nothing of the old record.
   convert.convert(os.path.join(DATA, 'timm_mixer.safetensors'), dst)
-  assert preprocess.load_transform(dst) is None
+  assert preprocess.load_transform(dst) == {
+      'crop_pct': 0.875, 'crop_mode': 'center', 'interpolation': 'bicubic',
+      'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}
 
 
 def test_pth_without_torch_says_how_to_install(monkeypatch):

@@ -182,6 +182,13 @@ def test_transform_from_record_defaults_and_overrides():
   # config.json) says nothing of the transform: the original's is used.
   assert preprocess.resolve(224, {'model': {'classifier': 'gap'}}) == (
       preprocess.resolve(224))
+  # --crop_pct alone means timm's center crop, unless a mode is recorded.
+  assert preprocess.resolve(64, crop_pct=0.9).crop_mode == 'center'
+  assert preprocess.resolve(64, crop_pct=0.9, crop_mode='squash').crop_mode == (
+      'squash')
+  assert preprocess.resolve(64, {'crop_mode': 'squash'}, crop_pct=0.9
+                            ).crop_mode == 'squash'
+  assert preprocess.resolve(64).crop_mode == 'squash'
   with pytest.raises(ValueError, match="interpolation 'bicubc'; did you "
                      'mean bicubic'):
     preprocess.resolve(64, record, interpolation='bicubc')
@@ -251,6 +258,33 @@ def test_flags_override_the_record(timm_npz):
           'std (0.5, 0.5, 0.5) [from timm_predict.transform.json; '
           '--crop_pct, --crop_mode, --interpolation, --mean, --std given]'
           ) in result.stderr
+
+
+def test_bare_timm_file_predicts_as_timm(tmp_path):
+  """Weights without config.json are recorded with timm's eval transform;
+  `--crop_pct` and `--interpolation` then give timm's `create_transform`
+  with those two arguments."""
+  npz = tmp_path / 'bare.npz'
+  subprocess.run(
+      [sys.executable, '-m', 'vit_jax.convert',
+       os.path.join(DATA, 'timm_predict_vit.safetensors'), str(npz)],
+      check=True, capture_output=True, timeout=300, cwd=ROOT)
+  result = _predict_cli('--model_name=testing', f'--checkpoint={npz}',
+                        '--crop_pct=0.9', '--interpolation=bicubic', IMAGE)
+  assert result.returncode == 0, result.stderr
+  want = np.argsort(-GOLDEN['bare_probs'])[:5]
+  top5 = _top5(result.stdout.splitlines())
+  assert [name for _, name in top5] == [str(i) for i in want]
+  np.testing.assert_allclose([p for p, _ in top5],
+                             GOLDEN['bare_probs'][want], atol=1e-3)
+  assert ('Preprocessing: resize short side to 71 (bicubic), center crop 64, '
+          'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
+          '[from bare.transform.json; --crop_pct, --interpolation given]'
+          ) in result.stderr
+  np.testing.assert_allclose(
+      preprocess.prepare(IMAGE, preprocess.resolve(
+          64, preprocess.load_transform(npz), crop_pct=0.9)),
+      GOLDEN['bare'], atol=1e-6)
 
 
 def test_command_line_without_a_record(tmp_path):

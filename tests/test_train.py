@@ -14,6 +14,7 @@ import pytest
 
 from conftest import interrupt_at
 from conftest import make_tiny_config
+from vit_jax import config_checks
 from vit_jax import inference_time
 from vit_jax import input_pipeline
 from vit_jax import loop
@@ -203,7 +204,7 @@ def test_bad_config(tiny_config, tmp_path, key, value, match):
 def test_warmup_longer_than_a_short_run_is_clamped(tiny_config):
   """A debug run shorter than the warmup warms up for a tenth of it."""
   tiny_config.total_steps, tiny_config.warmup_steps = 60, 200
-  loop.validate_config(tiny_config, 8)
+  config_checks.validate(tiny_config, 8)
   schedule = optim.make_schedule(tiny_config)
   assert optim.warmup_steps(tiny_config) == 6
   np.testing.assert_allclose(float(schedule(6)), tiny_config.base_lr)

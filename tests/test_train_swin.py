@@ -8,7 +8,7 @@ import pytest
 from conftest import make_tiny_config
 from configs import common
 from configs import swin
-from vit_jax import loop
+from vit_jax import config_checks
 from vit_jax import models
 from vit_jax import train
 
@@ -36,7 +36,7 @@ def test_fine_tuning_presets(dataset):
       'Swin-T', 224, 'adamw')
   assert config.pp.mean == (0.485, 0.456, 0.406)  # timm's weights
   assert config.model.stochastic_depth == 0.1
-  loop.validate_config(config, 8)
+  config_checks.validate(config, 8)
   model = models.model_class(config.model_name)(
       num_classes=10, **config.model)
   assert models.count_params(model) > 27_000_000

@@ -6,8 +6,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from configs import vtab
+from vit_jax import config_checks
 from vit_jax import task_labels
-from vit_jax import loop
 
 # task_adaptation's val200 starts at pct% of the train split of n examples;
 # where the test split is cut from train too, it starts at test_pct%.
@@ -60,7 +60,7 @@ def test_paper_settings(task):
           config.optimizer) == (0.01, 2500, 512, 384, 'sgd')
   assert config.dataset == vtab.TASKS[task][0]
   tfds.core.naming.parse_builder_name_kwargs(config.dataset)
-  loop.validate_config(config, 8)
+  config_checks.validate(config, 8)
   task_labels.check(config.pp.label)
 
 

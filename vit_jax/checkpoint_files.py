@@ -20,7 +20,6 @@ import zlib
 from absl import logging
 from etils import epath
 from flax import traverse_util
-from flax.training import checkpoints as flax_checkpoints
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -106,7 +105,10 @@ def load(path) -> Params:
   except (TypeError, ValueError, IndexError) as e:
     raise CheckpointError(f'{path}: a key lies under another parameter '
                           f'({e}).') from e
-  return flax_checkpoints.convert_pre_linen(tree)
+  # Imported here, once a file was found and read: flax.training.checkpoints
+  # imports TensorFlow (flax.io), seconds that a bad path should not wait.
+  from flax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.convert_pre_linen(tree)
 
 
 def _unscanned(flat: Mapping[str, Any]) -> Params:

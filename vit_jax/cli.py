@@ -15,10 +15,9 @@ from absl import logging
 from ml_collections import config_flags
 
 # What the code raises for input a user can fix. `CheckpointError` is a
-# ValueError; ModuleNotFoundError comes with a `pip install` hint.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError,
-               IsADirectoryError, PermissionError, ModuleNotFoundError,
-               FloatingPointError)
+# ValueError; OSError covers missing files, permissions, a full disk and an
+# unreachable host; ModuleNotFoundError comes with a `pip install` hint.
+USER_ERRORS = (ValueError, OSError, ModuleNotFoundError, FloatingPointError)
 
 
 def closest(name: str, choices, what: str) -> str:

@@ -627,7 +627,12 @@ def _import(module: str, path: str):
 def read_timm(path: str) -> Flat:
   """A timm checkpoint file as numpy arrays; never unpickles objects."""
   if path.endswith('.safetensors'):
-    return _import('safetensors.numpy', path).load_file(path)
+    load_file = _import('safetensors.numpy', path).load_file
+    try:
+      return load_file(path)
+    except _import('safetensors', path).SafetensorError as e:
+      raise ValueError(f'Cannot read {path}: not a safetensors file, or '
+                       f'truncated or corrupt ({e}).') from e
   if not path.endswith(('.pth', '.bin', '.pt')):
     raise ValueError(f'{path}: expected a .safetensors, .pth or .bin file.')
   import pickle  # pylint: disable=g-import-not-at-top
@@ -636,8 +641,11 @@ def read_timm(path: str) -> Flat:
     state = torch.load(path, map_location='cpu', weights_only=True)
   except pickle.UnpicklingError as e:
     raise ValueError(
-        f'{path} holds pickled Python objects besides tensors, which are '
-        'never loaded here: save its state_dict() as .safetensors.') from e
+        f'{path} holds pickled Python objects besides tensors, or is not a '
+        'torch file; objects are never loaded here: save its state_dict() '
+        f'as .safetensors. torch: {str(e).splitlines()[0]}') from e
+  except (RuntimeError, EOFError) as e:  # not a zip or pickle, truncated
+    raise ValueError(f'Cannot read {path} with torch: {e}') from e
   state = state.get('state_dict', state)
   return {k: v.float().numpy() for k, v in state.items()}
 
@@ -721,15 +729,17 @@ def _from_bare(weights: str, state: Flat, model_name: Optional[str]
   if 'stem/kernel' in flat:
     print(f'Note: no config.json beside {weights}: assuming an MLP-Mixer with '
           "GELU's tanh form, which vit_jax computes (timm's default is the "
-          'exact form).', file=sys.stderr)
+          "exact form), and timm's default eval transform.", file=sys.stderr)
     return Source(flat, model_name, {}, {})
   heads = models.MODEL_CONFIGS[model_name].transformer.num_heads
   flat = timm_to_npz(state, heads)
   _check_complete(flat, weights)
   print(f"Note: no config.json beside {weights}: assuming timm's defaults "
         "(global_pool='token' with a class token, 'avg' without fc_norm "
-        f'without one; exact GELU) and the {heads} heads of {model_name}; '
-        "put timm's config.json beside it, or pass --model_name.",
+        "without one; exact GELU; the eval transform of timm's "
+        "resolve_data_config: center crop 0.875, bicubic, ImageNet's mean "
+        f'and std) and the {heads} heads of {model_name}; put '
+        "timm's config.json beside it, or pass --model_name.",
         file=sys.stderr)
   dims = _dims(flat)
   overrides = {'classifier': _token_classifier(flat),
@@ -800,6 +810,8 @@ def fetch(name: str, timeout: float = 5.) -> str:
   seconds offline."""
   import socket  # pylint: disable=g-import-not-at-top
   try:
+    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('', '0'):
+      raise OSError('HF_HUB_OFFLINE is set')  # the hub's own switch
     socket.create_connection(('huggingface.co', 443), timeout=timeout).close()
   except OSError as e:
     raise ConnectionError(
@@ -812,15 +824,15 @@ def fetch(name: str, timeout: float = 5.) -> str:
 
 
 def _record(dst: str, source: Source) -> None:
-  """The eval transform and the model's settings, beside `dst`."""
-  sidecar = dict(source.transform)
+  """The eval transform and the model's settings, beside `dst` (replacing
+  any record of the file that `dst` replaces). What the source does not say
+  is timm's default (`resolve_data_config`'s): center crop 0.875, bicubic,
+  ImageNet's mean and std."""
+  sidecar = dict(preprocess.TIMM_DEFAULTS, **source.transform)
   if source.overrides:
     sidecar['model'] = source.overrides
   path = preprocess.transform_path(dst)
-  if sidecar:
-    preprocess.save_transform(dst, sidecar)
-  elif path.exists():  # it described the file that `dst` replaces
-    path.unlink()
+  preprocess.save_transform(dst, sidecar)
   if source.overrides:
     print(f'Note: {dst} is {source.model_name} with '
           f'{", ".join(_flags(source.overrides))}, as timm computes it; '
@@ -828,8 +840,21 @@ def _record(dst: str, source: Source) -> None:
           '(preprocess.model_config).', file=sys.stderr)
 
 
+def _check_destination(src: str, dst: str) -> None:
+  """`dst` has the extension that `src`'s direction writes, in a folder that
+  exists; checked before anything is read."""
+  wanted = '.safetensors' if src.endswith('.npz') else '.npz'
+  if not dst.endswith(wanted):
+    raise ValueError(f'{dst}: converting {src} writes a {wanted} file; '
+                     f'name the destination *{wanted}.')
+  folder = os.path.dirname(os.path.abspath(dst))
+  if not os.path.isdir(folder):
+    raise FileNotFoundError(f'{dst}: the folder {folder} does not exist.')
+
+
 def convert(src: str, dst: str, model_name: str = None) -> str:
   """Converts `src` to `dst`, by their extensions; returns the preset."""
+  _check_destination(src, dst)
   if src.endswith('.npz'):
     flat = checkpoint.published_flat(checkpoint.load(src))
     swin = convert_swin.is_swin(flat)

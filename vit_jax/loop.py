@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 import tqdm.auto
 
 from vit_jax import checkpoint
+from vit_jax import config_checks
 from vit_jax import optim
 from vit_jax import run_record
 from vit_jax import sharding
@@ -38,50 +39,10 @@ TrainState = train_state.TrainState
 _POLICIES = ocp.checkpoint_managers
 
 
-def validate_config(config, num_devices_data: int):
-  """Fails fast, before any compilation, on settings every task shares."""
-  choices = {'optimizer': ('sgd', 'adamw'),
-             'decay_type': ('cosine', 'linear'),
-             'sharding_strategy': sharding.STRATEGIES,
-             'momentum_dtype': ('float32', 'bfloat16')}
-  for key, allowed in choices.items():
-    if config[key] not in allowed:
-      raise ValueError(f'config.{key}={config[key]!r}; expected one of '
-                       f'{allowed}.')
-  if config.optimizer == 'sgd' and config.weight_decay:
-    raise ValueError(f'config.weight_decay={config.weight_decay} needs '
-                     "optimizer='adamw'; SGD has none (set it to 0).")
-  if config.total_steps <= 0 or config.warmup_steps < 0:
-    raise ValueError(f'Need total_steps ({config.total_steps}) > 0 and '
-                     f'warmup_steps ({config.warmup_steps}) >= 0.')
-  if config.warmup_steps >= config.total_steps:
-    logging.warning('warmup_steps=%d is not shorter than total_steps=%d: '
-                    'warming up for %d steps instead.', config.warmup_steps,
-                    config.total_steps, optim.warmup_steps(config))
-  micro = config.batch // config.accum_steps
-  if config.batch % config.accum_steps or micro % num_devices_data:
-    raise ValueError(
-        f'batch={config.batch} must split into accum_steps='
-        f'{config.accum_steps} micro-batches divisible by the '
-        f'{num_devices_data} devices on the mesh `data` axis.')
-  if config.batch_eval % num_devices_data:
-    raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
-                     f'{num_devices_data} devices on the `data` axis.')
-
-
-def pretrained_path(config):
-  """`pretrained_path`, else `{pretrained_dir}/{model_name}.npz`, else None."""
-  if config.pretrained_path:
-    return config.pretrained_path
-  if config.pretrained_dir:
-    return storage.join(config.pretrained_dir, f'{config.model_name}.npz')
-  return None
-
-
 def check_pretrained_file(config):
   """Fails fast if the config's pretrained file is missing; a remote one is
   fetched once, before anything compiles."""
-  path = pretrained_path(config)
+  path = config_checks.pretrained_path(config)
   if path:
     storage.local_copy(path)
 
@@ -300,7 +261,7 @@ def write_results(config, workdir, result, name='results.json', **extra):
   if jax.process_index() == 0:
     storage.write_json(storage.join(workdir, name), {
         'model_name': config.model_name, 'dataset': config.dataset,
-        'pretrained': pretrained_path(config), **result, **extra})
+        'pretrained': config_checks.pretrained_path(config), **result, **extra})
 
 
 def export_npz(params, path):
@@ -421,7 +382,7 @@ def evaluate(task, config, workdir, types=None):
   `types` only, if given) and writes `{workdir}/results.json`, or
   `eval_results.json` beside a training run's results.
   """
-  path = pretrained_path(config)
+  path = config_checks.pretrained_path(config)
   manager = make_manager(config, workdir)
   empty = manager.latest_step() is None
   manager.close()

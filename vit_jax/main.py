@@ -10,11 +10,9 @@ from absl import flags
 from absl import logging
 import jax
 from ml_collections import config_flags
-import tensorflow as tf
 
 from vit_jax import cli
-from vit_jax import inference_time
-from vit_jax import train
+from vit_jax import config_checks
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -41,7 +39,6 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
   if FLAGS.distributed:
     jax.distributed.initialize(
         coordinator_address=FLAGS.coordinator_address,
@@ -49,6 +46,13 @@ def main(argv):
         heartbeat_timeout_seconds=FLAGS.heartbeat_timeout)
   logging.info('JAX process %d/%d, devices %s', jax.process_index(),
                jax.process_count(), jax.devices())
+  config_checks.preflight(FLAGS.config)
+  # The data stack (TensorFlow: seconds to import) loads only once the flags,
+  # the config and its files are known to be good.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax import inference_time  # pylint: disable=g-import-not-at-top
+  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
   if FLAGS.config.trainer == 'inference_time':
     inference_time.inference_time(FLAGS.config, FLAGS.workdir)
   else:

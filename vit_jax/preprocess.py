@@ -140,13 +140,19 @@ def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
             normalization=None, **overrides) -> Transform:
   """The transform at `size`: `overrides` that are not None, over the
   record's keys, over timm's defaults (with a recorded transform) or
-  `GOOGLE` (none: no record, or one of model settings only)."""
-  timm = any(k != 'model' for k in recorded or {})
+  `GOOGLE` (none: no record, or one of model settings only). A `crop_pct`
+  given without a `crop_mode` that anything names means timm's center crop:
+  the original release's squash has no crop."""
+  recorded = recorded or {}
+  timm = any(k != 'model' for k in recorded)
   fields = dict(TIMM_DEFAULTS if timm else GOOGLE)
   if not timm and normalization:  # the preset's, when nothing is recorded
     fields.update(mean=normalization[0], std=normalization[1])
-  fields.update({k: recorded[k] for k in fields if k in (recorded or {})})
-  fields.update({k: v for k, v in overrides.items() if v is not None})
+  fields.update({k: recorded[k] for k in fields if k in recorded})
+  overrides = {k: v for k, v in overrides.items() if v is not None}
+  if 'crop_pct' in overrides and 'crop_mode' not in {*overrides, *recorded}:
+    fields['crop_mode'] = 'center'
+  fields.update(overrides)
   return Transform(size=size, **fields)
 
 

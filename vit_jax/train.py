@@ -8,6 +8,7 @@ or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 'zeroshot' run only that type of evaluator).
 """
 
+from vit_jax import config_checks
 from vit_jax import loop
 from vit_jax import models
 from vit_jax import run_record
@@ -33,7 +34,7 @@ def make_task(config, workdir, *, training=True):
                      f'{tuple(TASKS) + tuple(EVALUATIONS)} or '
                      "'inference_time'.")
   mesh = sharding.make_mesh(config.mesh)
-  loop.validate_config(config, mesh.shape['data'])
+  config_checks.validate(config, mesh.shape['data'])
   name = config.trainer
   if name not in TASKS:  # evaluate the model the config names
     is_lit = models.model_class(config.model_name) is models.LitModel

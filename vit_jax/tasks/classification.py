@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import checkpoint
+from vit_jax import config_checks
 from vit_jax import input_pipeline
 from vit_jax import loop
 from vit_jax import mixing
@@ -36,7 +37,7 @@ class Task:
     mixing.check_config(config)  # before anything compiles
     self.config, self.mesh = config, mesh
     num_classes = None  # evaluating a file: its head (`checkpoint`)
-    if training or not loop.pretrained_path(config):
+    if training or not config_checks.pretrained_path(config):
       self.info = input_pipeline.get_dataset_info(
           input_pipeline.get_builder(config), config)
       num_classes = self.info.num_classes
@@ -52,7 +53,7 @@ class Task:
 
   def initial_params(self, params):
     """The pretrained parameters with this model's head, or None."""
-    path = loop.pretrained_path(self.config)
+    path = config_checks.pretrained_path(self.config)
     if not path:
       return None
     params = checkpoint.load_params(

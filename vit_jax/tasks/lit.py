@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from vit_jax import caption_data
 from vit_jax import checkpoint
+from vit_jax import config_checks
 from vit_jax import contrastive_losses
 from vit_jax import loop
 from vit_jax import models_bert
@@ -108,7 +109,7 @@ class Task:
     return self.model.init(rng, **_example_inputs(self.config))['params']
 
   def check_initial_files(self):
-    full = loop.pretrained_path(self.config)
+    full = config_checks.pretrained_path(self.config)
     if not (full or self.config.lit.image_init):
       raise ValueError('A locked image tower needs weights: set '
                        'config.lit.image_init (an image model .npz) or '
@@ -120,7 +121,7 @@ class Task:
   def initial_params(self, params):
     """All from `pretrained_path` (a LiT .npz), else the locked image tower
     from `config.lit.image_init` (an image model's or a LiT .npz)."""
-    full = loop.pretrained_path(self.config)
+    full = config_checks.pretrained_path(self.config)
     if full:
       return checkpoint.load_params(full, init_params=params,
                                     model_config={})

@@ -22,6 +22,7 @@ from matplotlib import figure
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax import config_checks
 from vit_jax import input_pipeline
 from vit_jax import loop
 from vit_jax import models_mae
@@ -156,7 +157,7 @@ class Task:
 
   def initial_params(self, params):
     """The encoder from `pretrained_path` (continued pretraining), or None."""
-    path = loop.pretrained_path(self.config)
+    path = config_checks.pretrained_path(self.config)
     if not path:
       return None
     params['encoder'] = checkpoint.load_params(

@@ -1,0 +1,88 @@
+"""Checks of a run's config that need neither data nor a compiled step.
+
+`preflight(config, num_devices_data)` runs before the data stack
+(TensorFlow) is imported, so that a bad value, an unknown trainer or a
+missing file is one `Error:` line within a second of the command.
+"""
+
+import os
+
+from absl import logging
+
+from vit_jax import cli
+from vit_jax import optim
+from vit_jax import sharding
+from vit_jax import storage
+
+# `config.trainer`: the tasks of `train.TASKS`, the evaluations of
+# `train.EVALUATIONS`, and `inference_time`.
+TRAINERS = ('train', 'classification', 'lit', 'distill', 'mae', 'navit',
+            'evaluate', 'fewshot', 'zeroshot', 'inference_time')
+
+
+def pretrained_path(config):
+  """`pretrained_path`, else `{pretrained_dir}/{model_name}.npz`, else None."""
+  if config.pretrained_path:
+    return config.pretrained_path
+  if config.pretrained_dir:
+    return storage.join(config.pretrained_dir, f'{config.model_name}.npz')
+  return None
+
+
+def validate(config, num_devices_data: int):
+  """Fails fast, before any compilation, on settings every task shares."""
+  choices = {'optimizer': ('sgd', 'adamw'),
+             'decay_type': ('cosine', 'linear'),
+             'sharding_strategy': sharding.STRATEGIES,
+             'momentum_dtype': ('float32', 'bfloat16')}
+  for key, allowed in choices.items():
+    if config[key] not in allowed:
+      raise ValueError(f'config.{key}={config[key]!r}; expected one of '
+                       f'{allowed}.')
+  if config.optimizer == 'sgd' and config.weight_decay:
+    raise ValueError(f'config.weight_decay={config.weight_decay} needs '
+                     "optimizer='adamw'; SGD has none (set it to 0).")
+  if config.total_steps <= 0 or config.warmup_steps < 0:
+    raise ValueError(f'Need total_steps ({config.total_steps}) > 0 and '
+                     f'warmup_steps ({config.warmup_steps}) >= 0.')
+  if config.warmup_steps >= config.total_steps:
+    logging.warning('warmup_steps=%d is not shorter than total_steps=%d: '
+                    'warming up for %d steps instead.', config.warmup_steps,
+                    config.total_steps, optim.warmup_steps(config))
+  micro = config.batch // config.accum_steps
+  if config.batch % config.accum_steps or micro % num_devices_data:
+    raise ValueError(
+        f'batch={config.batch} must split into accum_steps='
+        f'{config.accum_steps} micro-batches divisible by the '
+        f'{num_devices_data} devices on the mesh `data` axis.')
+  if config.batch_eval % num_devices_data:
+    raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
+                     f'{num_devices_data} devices on the `data` axis.')
+
+
+def _input_files(config):
+  """(config key, path) of the files that the run reads, where set."""
+  files = [('pretrained_path' if config.pretrained_path else
+            'pretrained_dir', pretrained_path(config))]
+  if config.trainer == 'distill':
+    files.append(('distill.teacher_path', config.distill.teacher_path))
+  if 'lit' in config:
+    files.append(('lit.vocab_path', config.lit.get('vocab_path')))
+  return [(key, path) for key, path in files if path]
+
+
+def check_files(config):
+  """The local files that the config names exist (remote ones are fetched,
+  and checked, by the task)."""
+  for key, path in _input_files(config):
+    if not storage.is_remote(path) and not os.path.exists(path):
+      raise FileNotFoundError(f'config.{key}: {path}: no such file.')
+
+
+def preflight(config):
+  """Every check that needs only the config and the devices."""
+  if config.trainer not in TRAINERS:
+    raise ValueError(cli.closest(config.trainer, TRAINERS, 'config.trainer'))
+  if config.trainer != 'inference_time':
+    validate(config, sharding.make_mesh(config.mesh).shape['data'])
+  check_files(config)
