@@ -112,6 +112,11 @@ def test_deit_fmnist_arms_run(fmnist_dirs, tmp_path):
     config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
     config.total_steps, config.batch, config.batch_eval = 3, 8, 8
     config.shuffle_buffer, config.evals.test.every = 100, 0
+    # One block, one ResNet stage: each arm's recipe runs all the same.
+    if arm == 'teacher':
+      config.model.num_layers = (1,)
+    else:
+      config.model.transformer.num_layers = 1
     if arm == 'deit':
       config.distill.teacher_path = str(tmp_path / 'teacher' /
                                         'BiT-fmnist.npz')

@@ -148,9 +148,7 @@ def test_bfloat16_close_to_float32():
   x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3))
   f32 = models.get_model('Swin-testing', num_classes=10)
   bf16 = models.get_model('Swin-testing', num_classes=10, dtype='bfloat16')
-  params = f32.init(jax.random.key(0), x, train=False)['params']
-  params = jax.tree.map(lambda t: t + 0.3 * jax.random.normal(
-      jax.random.key(1), t.shape), params)
+  params = helpers.random_params(f32, x, train=False, scale=0.3)
   assert all(t.dtype == jnp.float32 for t in jax.tree.leaves(params))
   want = jax.jit(f32.apply, static_argnames='train')(
       {'params': params}, x, train=False)
