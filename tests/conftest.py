@@ -8,7 +8,12 @@ import shutil
 import struct
 import tempfile
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+# The tests' programs are small and many: compiling them is most of the
+# suite's time, running them little. LLVM's optimization of the CPU code
+# (not XLA's own passes: fusion, layout, buffers) is left out for them.
+FAST_COMPILE = '--xla_backend_optimization_level=0'
+os.environ.setdefault(
+    'XLA_FLAGS', f'--xla_force_host_platform_device_count=8 {FAST_COMPILE}')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('CUDA_VISIBLE_DEVICES', '')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -93,3 +98,10 @@ def interrupt_at(monkeypatch, batch_index, action):
       yield batch
 
   monkeypatch.setattr(input_pipeline, 'train_iterator', wrapped)
+
+
+def pytest_collection_modifyitems(items):
+  """The tests of an xdist group (one worker runs them all, one after the
+  other: the longest stretch of the suite) first, so that the other worker
+  shares out the rest meanwhile rather than waiting for them at the end."""
+  items.sort(key=lambda item: item.get_closest_marker('xdist_group') is None)

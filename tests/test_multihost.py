@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import FAST_COMPILE
 from configs import default
 from vit_jax import input_pipeline
 
@@ -58,7 +59,7 @@ def _start(workdir, fmnist_dirs, num_processes, extra=()):
       flags += ['--distributed', f'--coordinator_address=127.0.0.1:{port}',
                 f'--num_processes={num_processes}', f'--process_id={i}']
     env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count='
-               f'{8 // num_processes}')
+               f'{8 // num_processes} {FAST_COMPILE}')
     out = open(os.path.join(workdir, f'log{i}.txt'), 'a')
     procs.append(subprocess.Popen(
         _command(workdir, fmnist_dirs, flags), cwd=ROOT, env=env, text=True,

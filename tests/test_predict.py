@@ -77,6 +77,14 @@ def _top5(stdout_lines):
           for line in stdout_lines[1:6]]
 
 
+def _assert_top5_is(stdout, probs, atol):
+  """The five lines after the image's path are `probs`' top five."""
+  want = np.argsort(-probs)[:5]
+  top5 = _top5(stdout.splitlines())
+  assert [name for _, name in top5] == [str(i) for i in want]
+  np.testing.assert_allclose([p for p, _ in top5], probs[want], atol=atol)
+
+
 def test_class_names_ship_with_the_package():
   names = predict.class_names(1000)
   assert len(names) == 1000 and names[207] == 'golden retriever'
@@ -234,10 +242,7 @@ def test_command_line_uses_the_record(timm_npz, tmp_path):
   assert result.returncode == 1, result.stderr  # two files failed
   out = result.stdout.splitlines()
   assert out[0] == f'{IMAGE}:' and len(out) == 6
-  want = np.argsort(-GOLDEN['center_probs'])[:5]
-  assert [name for _, name in _top5(out)] == [str(i) for i in want]
-  np.testing.assert_allclose([p for p, _ in _top5(out)],
-                             GOLDEN['center_probs'][want], atol=1e-4)
+  _assert_top5_is(result.stdout, GOLDEN['center_probs'], atol=1e-4)
   assert ('Preprocessing: resize short side to 73 (bicubic), center crop 64, '
           'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
           '[from timm_predict.transform.json]\n') in result.stderr
@@ -249,11 +254,7 @@ def test_flags_override_the_record(timm_npz):
   result = _predict_cli('--model_name=testing', f'--checkpoint={timm_npz}',
                         *SQUASH_FLAGS, IMAGE)
   assert result.returncode == 0, result.stderr
-  want = np.argsort(-GOLDEN['squash_probs'])[:5]
-  top5 = _top5(result.stdout.splitlines())
-  assert [name for _, name in top5] == [str(i) for i in want]
-  np.testing.assert_allclose([p for p, _ in top5],
-                             GOLDEN['squash_probs'][want], atol=1e-4)
+  _assert_top5_is(result.stdout, GOLDEN['squash_probs'], atol=1e-4)
   assert ('Preprocessing: resize to 64 x 64 (bilinear), mean (0.5, 0.5, 0.5), '
           'std (0.5, 0.5, 0.5) [from timm_predict.transform.json; '
           '--crop_pct, --crop_mode, --interpolation, --mean, --std given]'
@@ -272,11 +273,7 @@ def test_bare_timm_file_predicts_as_timm(tmp_path):
   result = _predict_cli('--model_name=testing', f'--checkpoint={npz}',
                         '--crop_pct=0.9', '--interpolation=bicubic', IMAGE)
   assert result.returncode == 0, result.stderr
-  want = np.argsort(-GOLDEN['bare_probs'])[:5]
-  top5 = _top5(result.stdout.splitlines())
-  assert [name for _, name in top5] == [str(i) for i in want]
-  np.testing.assert_allclose([p for p, _ in top5],
-                             GOLDEN['bare_probs'][want], atol=1e-3)
+  _assert_top5_is(result.stdout, GOLDEN['bare_probs'], atol=1e-3)
   assert ('Preprocessing: resize short side to 71 (bicubic), center crop 64, '
           'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
           '[from bare.transform.json; --crop_pct, --interpolation given]'

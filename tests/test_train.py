@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import FAST_COMPILE
 from conftest import interrupt_at
 from conftest import make_tiny_config
 from vit_jax import config_checks
@@ -282,7 +283,7 @@ def _main_command(workdir, fmnist_dirs, total_steps):
 def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   """The README's promise, end to end: SIGKILL mid-run, same command again."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user has
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)  # one device, as a user has
   steps = 100  # killed at 50, resumed from the checkpoint of step 40
   subprocess.run(_main_command(tmp_path / 'ref', fmnist_dirs, steps),
                  check=True, cwd=root, env=env, capture_output=True,
