@@ -186,3 +186,11 @@ def test_model_options_keep_their_types_for_the_command_line():
   dinov2 = common.with_model(common.get_config(), 'DINOv2-S_14-reg4')
   assert dinov2.model.num_registers == 4
   assert tuple(dinov2.pp.mean) == (0.485, 0.456, 0.406)
+
+
+def test_preflight_knows_every_trainer():
+  """config_checks names the trainers before `train` (and TensorFlow) is
+  imported: the same names as train's tasks and evaluations."""
+  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  assert set(config_checks.TRAINERS) == (
+      set(train.TASKS) | set(train.EVALUATIONS) | {'inference_time'})
