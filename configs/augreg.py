@@ -32,7 +32,8 @@ from configs import common
 from vit_jax import model_configs
 
 VARIANTS = {'ti16': 'ViT-Ti_16', 's32': 'ViT-S_32', 's16': 'ViT-S_16',
-            'b32': 'ViT-B_32', 'b16': 'ViT-B_16', 'l16': 'ViT-L_16'}
+            'b32': 'ViT-B_32', 'b16': 'ViT-B_16', 'l16': 'ViT-L_16',
+            'h14': 'ViT-H_14'}  # H/14: not in the study, no default level
 
 # level: (RandAugment (layers, magnitude) or None, Mixup p)
 LEVELS = {
@@ -81,6 +82,9 @@ def _parse(arg: str):
     if value not in known:
       raise ValueError(f'Unknown {name} {value!r}; known: {sorted(known)}.')
   if level == 'default':
+    if variant not in DEFAULT_LEVEL[dataset]:
+      raise ValueError(f'AugReg has no default level for {variant}; name one '
+                       f'of {sorted(LEVELS)}.')
     level = DEFAULT_LEVEL[dataset][variant]
   return variant, level, dataset, len(parts) == 4
 

@@ -18,6 +18,8 @@ from vit_jax import storage
 # `train.EVALUATIONS`, and `inference_time`.
 TRAINERS = ('train', 'classification', 'lit', 'distill', 'mae', 'navit',
             'evaluate', 'fewshot', 'zeroshot', 'inference_time')
+# The trainers whose step needs no data, only its shapes (`vit_jax.plan`).
+PLANNED = ('train', 'classification', 'mae')
 
 
 def pretrained_path(config):

@@ -33,6 +33,7 @@ from vit_jax import optim
 from vit_jax import run_record
 from vit_jax import sharding
 from vit_jax import storage
+from vit_jax import target
 from vit_jax.evaluators import registry
 
 TrainState = train_state.TrainState
@@ -84,9 +85,9 @@ def _restore(manager, abstract, shardings):
   return manager.restore(step, args=ocp.args.StandardRestore(target))
 
 
-def create_state(task, config, mesh, manager):
-  """(state, its shardings, steps done): restored, or the task's initial
-  parameters (pretrained, or fresh) with a new optimizer."""
+def abstract_state(task, config, mesh):
+  """(`init`, the state it makes, as shapes, and their shardings on `mesh`):
+  nothing is computed."""
   init_rng = jax.random.split(jax.random.key(config.seed))[0]
 
   def init():
@@ -96,8 +97,14 @@ def create_state(task, config, mesh, manager):
         tx=optim.make_optimizer(config, task.param_labels))
 
   abstract = jax.eval_shape(init)  # raises on a bad image size
-  shardings = sharding.tree_shardings(abstract, mesh, config.sharding_rules,
-                                      config.sharding_strategy)
+  return init, abstract, sharding.tree_shardings(
+      abstract, mesh, config.sharding_rules, config.sharding_strategy)
+
+
+def create_state(task, config, mesh, manager):
+  """(state, its shardings, steps done): restored, or the task's initial
+  parameters (pretrained, or fresh) with a new optimizer."""
+  init, abstract, shardings = abstract_state(task, config, mesh)
   if manager.latest_step() is not None:
     return (_restore(manager, abstract, shardings), shardings,
             manager.latest_step())
@@ -109,25 +116,27 @@ def create_state(task, config, mesh, manager):
   return state, shardings, 0
 
 
-def jit_train_step(task, config, mesh, shardings):
+def jit_train_step(task, config, mesh, shardings, platform=None):
   """The task's step, jitted on the mesh with the state donated.
 
   A task's `frozen` parameters (a teacher), if it has any, are an argument
   of the step, placed on the mesh by the sharding rules: never constants
-  baked into the program, never updated.
+  baked into the program, never updated. The model's implementations are
+  those of `platform`, default the mesh's (`target`).
   """
   rng = jax.random.split(jax.random.key(config.seed))[1]
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train_step = target.traced_for(platform or mesh, task.train_step)
   frozen = getattr(task, 'frozen', None)
   if frozen is None:
-    return jax.jit(functools.partial(task.train_step, rng=rng),
+    return jax.jit(functools.partial(train_step, rng=rng),
                    in_shardings=(shardings, sharding.batch_sharding(mesh)),
                    out_shardings=(shardings, replicated), donate_argnums=0)
   frozen_shardings = sharding.tree_shardings(
       frozen, mesh, config.sharding_rules, config.sharding_strategy)
   step = jax.jit(
-      lambda state, batch, frozen: task.train_step(state, batch, rng=rng,
-                                                   frozen=frozen),
+      lambda state, batch, frozen: train_step(state, batch, rng=rng,
+                                              frozen=frozen),
       in_shardings=(shardings, sharding.batch_sharding(mesh),
                     frozen_shardings),
       out_shardings=(shardings, replicated), donate_argnums=0)

@@ -27,19 +27,29 @@ EVALUATIONS = {'evaluate': None, 'fewshot': ('fewshot',),
                'zeroshot': ('zeroshot',)}
 
 
-def make_task(config, workdir, *, training=True):
-  """The task of `config`, checked before anything compiles."""
+def make_task(config, workdir, *, training=True, mesh=None, info=None):
+  """The task of `config`, checked before anything compiles.
+
+  `mesh`: default, every device of the run (`config.mesh`); `info`: the
+  dataset's `input_pipeline.DatasetInfo`, default read from the dataset
+  (`vit_jax.plan` gives one, and reads no data).
+  """
   if config.trainer not in TASKS and config.trainer not in EVALUATIONS:
     raise ValueError(f'config.trainer={config.trainer!r}; expected one of '
                      f'{tuple(TASKS) + tuple(EVALUATIONS)} or '
                      "'inference_time'.")
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = mesh or sharding.make_mesh(config.mesh)
   config_checks.validate(config, mesh.shape['data'])
   name = config.trainer
   if name not in TASKS:  # evaluate the model the config names
     is_lit = models.model_class(config.model_name) is models.LitModel
     name = 'lit' if is_lit else 'navit' if 'navit' in config else 'train'
-  return TASKS[name](config, workdir, mesh, training=training)
+  if info is None:
+    return TASKS[name](config, workdir, mesh, training=training)
+  if name not in config_checks.PLANNED:
+    raise ValueError(f'config.trainer={config.trainer!r}: only the steps of '
+                     f'{config_checks.PLANNED} are built without data.')
+  return TASKS[name](config, workdir, mesh, training=training, info=info)
 
 
 def train_and_evaluate(config, workdir, *, allow_config_change=False):

@@ -24,7 +24,7 @@ class Task:
 
   param_labels = None  # every parameter trains
 
-  def __init__(self, config, workdir, mesh, *, training=True):
+  def __init__(self, config, workdir, mesh, *, training=True, info=None):
     del workdir
     if config.loss not in classification.LOSSES:
       raise ValueError(f'config.loss={config.loss!r}; expected one of '
@@ -37,9 +37,12 @@ class Task:
     mixing.check_config(config)  # before anything compiles
     self.config, self.mesh = config, mesh
     num_classes = None  # evaluating a file: its head (`checkpoint`)
-    if training or not config_checks.pretrained_path(config):
+    self.info = info
+    if info is None and (training or
+                         not config_checks.pretrained_path(config)):
       self.info = input_pipeline.get_dataset_info(
           input_pipeline.get_builder(config), config)
+    if self.info is not None:
       num_classes = self.info.num_classes
     self.model = make_model(config, num_classes)
     self.image_shape = (1, config.pp.crop, config.pp.crop, 3)
@@ -79,6 +82,13 @@ class Task:
 
     value, grads = jax.value_and_grad(compute_loss)(state.params)
     return state.apply_gradients(grads=grads), {'loss': value}
+
+  def abstract_batch(self, batch_size):
+    """The shapes and dtypes of a training micro-batch (`batches`)."""
+    return {'image': jax.ShapeDtypeStruct(
+                (batch_size, *self.image_shape[1:]), jnp.float32),
+            'label': jax.ShapeDtypeStruct(
+                (batch_size, self.info.num_classes), jnp.float32)}
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the training micro-batches."""

@@ -126,7 +126,7 @@ class Task:
 
   param_labels = None  # every parameter trains
 
-  def __init__(self, config, workdir, mesh, *, training=True):
+  def __init__(self, config, workdir, mesh, *, training=True, info=None):
     del training, workdir
     self.settings = check_settings(config)
     self.config, self.mesh = config, mesh
@@ -134,7 +134,7 @@ class Task:
     self.grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
     self.num_patches = self.grid[0] * self.grid[1]
     models_mae.num_kept(self.num_patches, self.settings.mask_ratio)  # checks
-    self.info = input_pipeline.get_dataset_info(
+    self.info = info or input_pipeline.get_dataset_info(
         input_pipeline.get_builder(config), config)
     self.model = models_mae.MaskedAutoencoder(
         encoder=encoder, decoder=dict(self.settings.decoder))
@@ -173,6 +173,11 @@ class Task:
                                                                 state.step),
                       patch=self.model.patch, ratio=self.settings.mask_ratio,
                       norm_pix=self.settings.norm_pix_loss)
+
+  def abstract_batch(self, batch_size):
+    """The shapes and dtypes of a training micro-batch (`batches`)."""
+    return {'image': jax.ShapeDtypeStruct(
+        (batch_size, *self.image_shape[1:]), jnp.float32)}
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the training images; labels are not used."""

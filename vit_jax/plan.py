@@ -1,0 +1,441 @@
+r"""Plan a TPU run on a machine without TPUs: compile the loop's step for a
+slice and read what the TPU compiler says of it.
+
+  pip install -e '.[tpu]'
+  python -m vit_jax.plan --config=configs/default.py --topology=v5e:2x2
+  python -m vit_jax.plan --config=configs/vit.py:b16,imagenet2012 \
+      --topology=v5p:4x4x8 --config.batch=4096 --fit
+
+libtpu compiles for a slice it only describes
+(`jax.experimental.topologies`); the step is the loop's own (`loop.
+abstract_state`, `loop.jit_train_step`: shardings, donation, optimizer,
+accumulation, remat, scan and FSDP as the config sets them), traced as a
+TPU process traces it (`target`). Printed per chip: parameters and
+optimizer state, temporaries, their sum against the chip's HBM, FLOPs and
+HBM bytes per step, and a roofline estimate: step time = max(FLOPs / peak
+FLOP/s, bytes / HBM bandwidth), from the chip's published peaks. The
+estimate ignores the time of collectives and of the host; it is a lower
+bound on what a real step takes (docs/performance.md).
+"""
+
+import contextlib
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import sys
+import tempfile
+
+# The plan compiles for a slice it only describes: this process never takes
+# a real TPU (one running a job keeps it), and several plans, or a plan
+# beside a TPU process, may load libtpu at once.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+
+from absl import flags  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+from vit_jax import cli  # pylint: disable=g-import-not-at-top
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file(
+    'config', None, 'Experiment config file (path[:argument]).',
+    lock_config=True)
+flags.DEFINE_string('topology', None,
+                    'A TPU slice, GENERATION:SHAPE: v4:2x2x1, v5e:16x16, '
+                    'v5p:4x4x8, v6e:8x16 ...')
+flags.DEFINE_integer('num_classes', None,
+                     "Classes of the head; default: the config's dataset's "
+                     '(tfds metadata: no data is read).')
+flags.DEFINE_bool('fit', False,
+                  'Find the largest batch per chip that fits, for each remat '
+                  'policy, replicated and FSDP.')
+flags.DEFINE_float('host_img_per_core', None,
+                   "Images/s one host CPU core feeds the step; default: "
+                   "input_pipeline's measured rate for the config's recipe.")
+flags.mark_flags_as_required(['config', 'topology'])
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """A TPU generation's published figures, per chip (Cloud TPU docs)."""
+  name: str
+  hbm_gib: float  # capacity
+  peak_tflops: float  # bf16 matmuls
+  hbm_gbps: float  # bandwidth, GB/s
+  chips_per_host: int  # of multi-host slices
+
+
+CHIPS = {
+    'v4': Chip('TPU v4', 32, 275, 1200, 4),
+    'v5e': Chip('TPU v5e', 16, 197, 819, 8),
+    'v5p': Chip('TPU v5p', 95, 459, 2765, 4),
+    'v6e': Chip('TPU v6e', 32, 918, 1640, 8),
+}
+_TOPOLOGY = re.compile(r'^(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})$')
+
+
+def parse_topology(name: str):
+  """(Chip, number of chips) of a topology name, checked before libtpu."""
+  match = _TOPOLOGY.match(name or '')
+  if not match:
+    raise ValueError(
+        f'--topology={name!r}; expected GENERATION:SHAPE with GENERATION one '
+        f'of {", ".join(CHIPS)}, e.g. v5e:2x2, v4:4x4x8, v5p:4x4x8, v6e:16x16.')
+  return CHIPS[match[1]], math.prod(int(n) for n in match[2].split('x'))
+
+
+def check_libtpu():
+  if importlib.util.find_spec('libtpu') is None:
+    raise ModuleNotFoundError(
+        'vit_jax.plan compiles with libtpu, which is not installed: '
+        "pip install -e '.[tpu]'")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+  """libtpu's warnings about the absent TPU host, off file descriptor 2;
+  restored, and printed, if what runs inside fails."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as sink:
+    os.dup2(sink.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      os.dup2(saved, 2)
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+def topology_devices(name: str):
+  """The abstract devices of the TPU slice `name`, e.g. 'v5e:2x2'."""
+  parse_topology(name)
+  check_libtpu()
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    with _quiet_stderr():
+      return topologies.get_topology_desc(platform='tpu',
+                                          topology_name=name).devices
+  except jax.errors.JaxRuntimeError as e:
+    raise ValueError(f'libtpu refuses --topology={name}: '
+                     f'{str(e).splitlines()[0]}') from None
+
+
+def dataset_info(config, num_classes=None):
+  """A `DatasetInfo` for building the step: the head's classes from
+  `num_classes`, else from the dataset's tfds metadata (no data read)."""
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  if num_classes is None:
+    num_classes = _metadata_classes(config)
+  return input_pipeline.DatasetInfo(builder=None, num_classes=num_classes,
+                                    num_train=0, num_test=0, channels=3)
+
+
+def _metadata_classes(config) -> int:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from vit_jax import task_labels  # pylint: disable=g-import-not-at-top
+  try:
+    builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
+    return task_labels.num_classes(config.pp.get('label'), builder)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f'The classes of config.dataset={config.dataset!r} are not in tfds\' '
+        f'metadata ({type(e).__name__}); give --num_classes.') from None
+
+
+@dataclasses.dataclass
+class Compiled:
+  """A compiled step and what it takes per chip."""
+  executable: object
+  micro_batch: int  # per chip
+  state_bytes: int  # parameters and optimizer state, per chip
+  model_flops: float  # per chip and micro-batch, without remat's recompute
+
+
+def _lowered_step(config, devices, info, platform=None):
+  """(the loop's training step for `config` lowered for `devices`, with
+  the implementations of `platform` (default: the devices'), its state,
+  the number of chips on the `data` axis)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import loop, sharding, target, train  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(config.mesh, devices)
+  task = train.make_task(config, None, mesh=mesh, info=info)
+  _, abstract, shardings = loop.abstract_state(task, config, mesh)
+  state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract, shardings)
+  data = sharding.batch_sharding(mesh)
+  batch = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=data),
+      task.abstract_batch(config.batch // config.accum_steps))
+  step = loop.jit_train_step(task, config, mesh, shardings,
+                             platform=platform)
+  with target.compiling_for(platform or devices):
+    return step.lower(state, batch), state, mesh.shape['data']
+
+
+def compile_step(config, devices, info) -> Compiled:
+  """The loop's training step for `config`, compiled for `devices`."""
+  lowered, state, chips = _lowered_step(config, devices, info)
+  executable = lowered.compile()
+  micro = config.batch // config.accum_steps // chips
+  return Compiled(executable, micro, per_chip_bytes(state),
+                  _model_flops(config, micro, info))
+
+
+def per_chip_bytes(tree) -> int:
+  """Bytes of one chip's shards of `tree` (ShapeDtypeStructs with
+  shardings)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def _model_flops(config, per_chip: int, info) -> float:
+  """FLOPs of one chip's micro-batch step without remat (what MFU counts):
+  XLA's count of the program before optimization, that step lowered with
+  `remat_policy='none'` on one CPU device with the TPU's implementations
+  (a program lowered for a TPU slice has no cost analysis). Lowering takes
+  seconds; nothing compiles."""
+  import jax  # pylint: disable=g-import-not-at-top
+  changes = dict(batch=per_chip, accum_steps=1, mesh=[('data', 1)])
+  if 'remat_policy' in (config.model.get('transformer') or {}):
+    changes['model.transformer.remat_policy'] = 'none'
+  lowered, _, _ = _lowered_step(_with(config, **changes),
+                                jax.devices('cpu')[:1], info, platform='tpu')
+  cost = lowered.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost['flops'])
+
+
+@dataclasses.dataclass
+class Estimate:
+  """Per chip, per training step (`accum_steps` micro-batches)."""
+  state_gib: float  # parameters and optimizer state
+  temp_gib: float  # the step's temporaries
+  total_gib: float  # arguments, outputs not donated, temporaries, code
+  flops: float
+  hbm_bytes: float
+  seconds: float  # roofline: the slower of compute and HBM traffic
+  bound: str  # 'compute' or 'HBM bandwidth'
+  img_per_s: float
+  mfu: float
+
+
+def estimate(compiled: Compiled, chip: Chip, accum_steps: int) -> Estimate:
+  """The compiler's figures for `compiled`, and the roofline estimate."""
+  memory = compiled.executable.memory_analysis()
+  cost = compiled.executable.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  gib = 2.0**30
+  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
+           memory.alias_size_in_bytes + memory.temp_size_in_bytes +
+           memory.generated_code_size_in_bytes)
+  flops = accum_steps * float(cost['flops'])
+  traffic = accum_steps * float(cost['bytes accessed'])
+  compute_s = flops / (chip.peak_tflops * 1e12)
+  memory_s = traffic / (chip.hbm_gbps * 1e9)
+  seconds = max(compute_s, memory_s)
+  return Estimate(
+      state_gib=compiled.state_bytes / gib,
+      temp_gib=memory.temp_size_in_bytes / gib, total_gib=total / gib,
+      flops=flops, hbm_bytes=traffic, seconds=seconds,
+      bound='compute' if compute_s >= memory_s else 'HBM bandwidth',
+      img_per_s=accum_steps * compiled.micro_batch / seconds,
+      mfu=accum_steps * compiled.model_flops / seconds /
+      (chip.peak_tflops * 1e12))
+
+
+# Images/s that one host core's input pipeline delivers at 224 px, by recipe
+# (benchmarks/input_speed.py on a 2-core Intel Xeon, docs/performance.md).
+HOST_IMG_PER_CORE = {'Inception crop, flip': 500,
+                     'Inception crop, flip, RandAugment': 250}
+
+
+def host_recipe(config) -> str:
+  return ('Inception crop, flip, RandAugment' if config.pp.get('randaug')
+          else 'Inception crop, flip')
+
+
+def _gib(x):
+  return f'{x:7.2f} GiB'
+
+
+def describe(config, chip, chips, compiled: Compiled, e: Estimate,
+             img_per_core=None):
+  """The plan, per chip, as lines of text."""
+  transformer = config.model.get('transformer') or {}
+  hosts = max(1, chips // chip.chips_per_host)
+  lines = [
+      f'{config.model_name} on {chip.name}, {chips} chips ({hosts} '
+      f'host{"s" * (hosts > 1)}); global batch {config.batch} = '
+      f'{chips} x {compiled.micro_batch} x {config.accum_steps} '
+      '(chips x per chip x accumulation).',
+      f'Settings: dtype {config.model.get("dtype", "float32")}, remat '
+      f'{transformer.get("remat_policy", "none")}, scan '
+      f'{transformer.get("scan", False)}, sharding '
+      f'{config.sharding_strategy}, optimizer {config.optimizer}.',
+      'Per chip, from the TPU compiler:',
+      f'  parameters + optimizer state {_gib(e.state_gib)}',
+      f'  temporaries of the step      {_gib(e.temp_gib)}',
+      f'  in all (with batch, code)    {_gib(e.total_gib)} of '
+      f'{chip.hbm_gib:g} GiB HBM: '
+      f'{"fits" if e.total_gib <= chip.hbm_gib else "DOES NOT FIT"}',
+      f'  FLOPs per step               {e.flops / 1e12:10.3f} TFLOP',
+      f'  HBM bytes per step           {e.hbm_bytes / 1e9:10.2f} GB',
+      f'Estimate (roofline from the published peaks, {chip.peak_tflops:g} '
+      f'TFLOP/s and {chip.hbm_gbps:g} GB/s; collectives and the host not '
+      'counted):',
+      f'  step time    {e.seconds * 1e3:10.1f} ms ({e.bound} bound)',
+      f'  images/s     {e.img_per_s:10.0f} per chip',
+      f'  MFU          {100 * e.mfu:10.1f} %']
+  recipe = host_recipe(config)
+  rate = img_per_core or HOST_IMG_PER_CORE.get(recipe)
+  if rate:
+    cores = math.ceil(e.img_per_s * min(chips, chip.chips_per_host) / rate)
+    lines.append(f'  host cores   {cores:10d} per host of '
+                 f'{min(chips, chip.chips_per_host)} chips, at {rate:g} img/s '
+                 f'per core ({recipe}, 224 px)')
+  return lines
+
+
+# Fitting the batch.
+
+
+def _with(config, **changes):
+  """A copy of `config` with `changes`: 'a.b' keys are nested fields."""
+  config = config.copy_and_resolve_references()
+  for key, value in changes.items():
+    *parents, last = key.split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[last] = value
+  return config
+
+
+def _out_of_memory(error) -> bool:
+  text = str(error)
+  return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()
+
+
+def try_batch(config, devices, info, chip, per_chip: int):
+  """(Compiled, Estimate) at `per_chip` images per chip, one micro-batch;
+  None where the compiler finds it does not fit."""
+  import jax  # pylint: disable=g-import-not-at-top
+  config = _with(config, batch=per_chip * len(devices), accum_steps=1)
+  try:
+    compiled = compile_step(config, devices, info)
+  except jax.errors.JaxRuntimeError as e:
+    if _out_of_memory(e):
+      return None
+    raise
+  e = estimate(compiled, chip, 1)
+  return (compiled, e) if e.total_gib <= chip.hbm_gib else None
+
+
+def fit_batch(config, devices, info, chip, start: int):
+  """The largest batch per chip that fits, with its (Compiled, Estimate).
+
+  Memory grows linearly with the batch: two compiles give the line, a third
+  checks where it meets the chip's HBM (stepping down 10% while it does not
+  fit). Batches of 8 or more are multiples of 8, the TPU's sublane tile.
+  """
+  start = max(1, start)
+  low = try_batch(config, devices, info, chip, start)
+  while low is None and start > 1:
+    start //= 2
+    low = try_batch(config, devices, info, chip, start)
+  if low is None:
+    return 0, None
+  high = try_batch(config, devices, info, chip, 2 * start)
+  if high is None:
+    guess = start + start // 2
+  else:
+    slope = (high[1].total_gib - low[1].total_gib) / start
+    fixed = low[1].total_gib - slope * start
+    guess = int((chip.hbm_gib - fixed) / slope) if slope > 0 else 8 * start
+  best = (2 * start, high) if high else (start, low)
+  for _ in range(4):
+    guess = guess // 8 * 8 if guess >= 16 else guess
+    if guess <= best[0]:
+      return best
+    found = try_batch(config, devices, info, chip, guess)
+    if found:
+      return guess, found
+    guess = int(guess * 0.9)
+  return best
+
+
+def fit_table(config, devices, info, chip, start: int):
+  """Lines of the largest batch per chip for each sharding and remat."""
+  transformer = config.model.get('transformer')
+  policies = ('none',)
+  if transformer is not None and 'remat_policy' in transformer:
+    from vit_jax import models_vit  # pylint: disable=g-import-not-at-top
+    policies = tuple(models_vit.REMAT_POLICIES)
+  lines = [f'Largest batch per chip that fits {chip.hbm_gib:g} GiB '
+           '(estimates as above, one micro-batch):',
+           '  sharding   remat          batch/chip   memory   step ms  '
+           'img/s/chip   MFU']
+  print('\n'.join(lines), flush=True)
+  for strategy in ('replicate', 'fsdp'):
+    for policy in policies:
+      changes = {'sharding_strategy': strategy}
+      if len(policies) > 1:
+        changes['model.transformer.remat_policy'] = policy
+      batch, found = fit_batch(_with(config, **changes), devices, info, chip,
+                               start)
+      if not found:
+        lines.append(f'  {strategy:10s} {policy:14s} {"nothing fits":>10s}')
+        continue
+      e = found[1]
+      lines.append(f'  {strategy:10s} {policy:14s} {batch:10d} '
+                   f'{e.total_gib:6.2f} GiB {e.seconds * 1e3:8.1f} '
+                   f'{e.img_per_s:10.0f} {100 * e.mfu:6.1f}%')
+      print(lines[-1], flush=True)
+  return lines
+
+
+def main(argv):
+  import time  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from vit_jax import config_checks  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = FLAGS.config
+  chip, chips = parse_topology(FLAGS.topology)
+  check_libtpu()
+  if config.trainer not in config_checks.PLANNED:
+    raise ValueError(f'config.trainer={config.trainer!r}: vit_jax.plan '
+                     f'compiles the steps of {config_checks.PLANNED}.')
+  devices = topology_devices(FLAGS.topology)
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  config_checks.validate(
+      config, sharding.make_mesh(config.mesh, devices).shape['data'])
+  info = dataset_info(config, FLAGS.num_classes)
+  import jax  # pylint: disable=g-import-not-at-top
+  t = time.perf_counter()
+  try:
+    compiled = compile_step(config, devices, info)
+  except jax.errors.JaxRuntimeError as e:
+    if not _out_of_memory(e):
+      raise
+    raise ValueError(f'The step does not fit {chip.name}\'s '
+                     f'{chip.hbm_gib:g} GiB: {str(e).splitlines()[0]} '
+                     'Try --fit.') from None
+  e = estimate(compiled, chip, config.accum_steps)
+  print('\n'.join(describe(config, chip, chips, compiled, e,
+                           FLAGS.host_img_per_core)), flush=True)
+  print(f'(compiled for {FLAGS.topology} in {time.perf_counter() - t:.0f} s)')
+  if FLAGS.fit:
+    fit_table(config, devices, info, chip, compiled.micro_batch)
+
+
+if __name__ == '__main__':
+  cli.run(main, config_flag='config')
