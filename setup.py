@@ -31,6 +31,8 @@ setuptools.setup(
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
         'convert': ['safetensors==0.8.0', 'torch==2.14.1',
                     'huggingface_hub==2.4.0'],
+        # vit_jax.plan: libtpu compiles for TPU slices, here or on a TPU VM.
+        'tpu': ['jax[tpu]==0.10.2'],
         # benchmarks/speed.py's side-by-side run (torch and timm on the CPU).
         'bench': ['torch==2.14.1', 'torchvision==0.29.1', 'timm==1.0.31'],
     },

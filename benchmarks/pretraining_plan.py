@@ -3,7 +3,7 @@ r"""The pretraining table of docs/performance.md, from `vit_jax.plan`.
 For each model and TPU slice: the AugReg/big_vision ImageNet-21k recipe
 (`configs/augreg.py:VARIANT,none,i21k`: Adam with a bfloat16 first moment,
 global batch 4096, 224 px, 21,843 classes), bfloat16 matmuls, the blocks
-under `nn.scan`, compiled for the slice by the TPU compiler on this CPU.
+unrolled, compiled for the slice by the TPU compiler on this CPU.
 The first setting of `LADDER` that fits the chip's HBM is kept: replicated
 parameters without remat, then FSDP, then remat policies. Every figure is
 the compiler's count and the roofline estimate of `vit_jax.plan`, not a
@@ -30,6 +30,9 @@ flags.DEFINE_list('models', ['b16', 'l16', 'h14'], 'configs/augreg.py variants.'
 flags.DEFINE_list('topologies', ['v4:4x4x8', 'v5e:16x16', 'v5p:4x4x8',
                                  'v6e:16x16'], 'TPU slices.')
 flags.DEFINE_integer('batch', augreg.BATCH, 'Global batch.')
+flags.DEFINE_bool('scan', False, 'Blocks under nn.scan (faster to compile; '
+                  'without remat, 3.5x the temporaries of the unrolled step '
+                  'on a TPU: docs/performance.md).')
 FLAGS = flags.FLAGS
 
 IMAGENET21K = 14_197_122  # images in one epoch
@@ -42,7 +45,7 @@ def config_for(variant: str):
   config = augreg.get_config(f'{variant},none,i21k')
   return plan._with(config, batch=FLAGS.batch,  # pylint: disable=protected-access
                     **{'model.dtype': 'bfloat16',
-                       'model.transformer.scan': True})
+                       'model.transformer.scan': FLAGS.scan})
 
 
 def first_fit(config, devices, info, chip):
@@ -52,14 +55,14 @@ def first_fit(config, devices, info, chip):
     tried = plan._with(config, sharding_strategy=strategy,  # pylint: disable=protected-access
                        **{'model.transformer.remat_policy': remat})
     try:
-      compiled = plan.compile_step(tried, devices, info)
+      compiled = plan.compile_step(tried, devices, info, count=False)
     except Exception as e:  # pylint: disable=broad-except
       if plan._out_of_memory(e):  # pylint: disable=protected-access
         continue
       raise
-    e = plan.estimate(compiled, chip, tried.accum_steps)
-    if e.total_gib <= chip.hbm_gib:
-      return strategy, remat, compiled, e
+    if plan.estimate(compiled, chip, 1).total_gib <= chip.hbm_gib:
+      compiled = plan.count_flops(compiled, tried, devices, info)
+      return strategy, remat, compiled, plan.estimate(compiled, chip, 1)
   return None
 
 

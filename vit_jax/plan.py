@@ -54,7 +54,6 @@ flags.DEFINE_bool('fit', False,
 flags.DEFINE_float('host_img_per_core', None,
                    "Images/s one host CPU core feeds the step; default: "
                    "input_pipeline's measured rate for the config's recipe.")
-flags.mark_flags_as_required(['config', 'topology'])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +150,14 @@ def _metadata_classes(config) -> int:
 @dataclasses.dataclass
 class Compiled:
   """A compiled step and what it takes per chip."""
-  executable: object
+  executable: object  # the program of one device
   micro_batch: int  # per chip
   state_bytes: int  # parameters and optimizer state, per chip
   model_flops: float  # per chip and micro-batch, without remat's recompute
+  flops: float  # per device and micro-batch, as compiled
+  hbm_bytes: float  # per device and micro-batch, as compiled
+  cores: int = 1  # devices per chip: libtpu compiles a v4 chip's 2 cores
+  # as 2 devices (no megacore), each with half its HBM, FLOP/s and bandwidth
 
 
 def _lowered_step(config, devices, info, platform=None):
@@ -179,17 +182,59 @@ def _lowered_step(config, devices, info, platform=None):
     return step.lower(state, batch), state, mesh.shape['data']
 
 
-def compile_step(config, devices, info) -> Compiled:
-  """The loop's training step for `config`, compiled for `devices`."""
-  lowered, state, chips = _lowered_step(config, devices, info)
+def compile_step(config, devices, info, count=True) -> Compiled:
+  """The loop's training step for `config`, compiled for `devices`; without
+  `count`, its FLOPs are not counted (`fit` needs only its memory)."""
+  lowered, state, data = _lowered_step(config, devices, info)
   executable = lowered.compile()
-  micro = config.batch // config.accum_steps // chips
-  return Compiled(executable, micro, per_chip_bytes(state),
-                  _model_flops(config, micro, info))
+  micro = config.batch // config.accum_steps // data  # per device
+  cores = cores_per_chip(devices)
+  compiled = Compiled(executable, micro * cores, per_chip_bytes(state) * cores,
+                      0., *_cost(executable), cores)
+  return count_flops(compiled, config, devices, info) if count else compiled
+
+
+def count_flops(compiled, config, devices, info) -> Compiled:
+  """`compiled` with its FLOPs without remat (`model_flops`) and, for a
+  scanned step, the FLOPs and bytes of all its blocks."""
+  micro = compiled.micro_batch // compiled.cores
+  changes = {'model_flops': _model_flops(config, micro, info) * compiled.cores}
+  if _scanned(config):
+    changes['flops'], changes['hbm_bytes'] = _unrolled_cost(config, devices,
+                                                            info)
+  return dataclasses.replace(compiled, **changes)
+
+
+def _cost(executable):
+  """(FLOPs, bytes accessed) of a compiled program of one device."""
+  cost = executable.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost['flops']), float(cost['bytes accessed'])
+
+
+def _scanned(config) -> bool:
+  return bool((config.model.get('transformer') or {}).get('scan'))
+
+
+def _unrolled_cost(config, devices, info):
+  """(FLOPs, bytes) of a scanned step, from the same step unrolled with one
+  block and with two: XLA counts a loop's body once, whatever its trips.
+  Both compile in seconds; the blocks are alike, so the cost is linear."""
+  layers = config.model.transformer.num_layers
+  one, two = (_cost(_lowered_step(_with(
+      config, **{'model.transformer.scan': False,
+                 'model.transformer.num_layers': n}), devices, info)[0]
+                    .compile()) for n in (1, 2))
+  return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
+
+
+def cores_per_chip(devices) -> int:
+  """TensorCores of a chip that are devices of their own (v4: 2)."""
+  return len({getattr(d, 'core_on_chip', 0) for d in devices})
 
 
 def per_chip_bytes(tree) -> int:
-  """Bytes of one chip's shards of `tree` (ShapeDtypeStructs with
+  """Bytes of one device's shards of `tree` (ShapeDtypeStructs with
   shardings)."""
   import jax  # pylint: disable=g-import-not-at-top
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
@@ -206,6 +251,8 @@ def _model_flops(config, per_chip: int, info) -> float:
   changes = dict(batch=per_chip, accum_steps=1, mesh=[('data', 1)])
   if 'remat_policy' in (config.model.get('transformer') or {}):
     changes['model.transformer.remat_policy'] = 'none'
+  if _scanned(config):  # a loop's body counts once
+    changes['model.transformer.scan'] = False
   lowered, _, _ = _lowered_step(_with(config, **changes),
                                 jax.devices('cpu')[:1], info, platform='tpu')
   cost = lowered.cost_analysis()
@@ -230,20 +277,19 @@ class Estimate:
 def estimate(compiled: Compiled, chip: Chip, accum_steps: int) -> Estimate:
   """The compiler's figures for `compiled`, and the roofline estimate."""
   memory = compiled.executable.memory_analysis()
-  cost = compiled.executable.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  gib = 2.0**30
-  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
-           memory.alias_size_in_bytes + memory.temp_size_in_bytes +
-           memory.generated_code_size_in_bytes)
-  flops = accum_steps * float(cost['flops'])
-  traffic = accum_steps * float(cost['bytes accessed'])
+  gib, cores = 2.0**30, compiled.cores
+  total = cores * (memory.argument_size_in_bytes +
+                   memory.output_size_in_bytes - memory.alias_size_in_bytes +
+                   memory.temp_size_in_bytes +
+                   memory.generated_code_size_in_bytes)
+  flops = accum_steps * cores * compiled.flops
+  traffic = accum_steps * cores * compiled.hbm_bytes
   compute_s = flops / (chip.peak_tflops * 1e12)
   memory_s = traffic / (chip.hbm_gbps * 1e9)
   seconds = max(compute_s, memory_s)
   return Estimate(
       state_gib=compiled.state_bytes / gib,
-      temp_gib=memory.temp_size_in_bytes / gib, total_gib=total / gib,
+      temp_gib=cores * memory.temp_size_in_bytes / gib, total_gib=total / gib,
       flops=flops, hbm_bytes=traffic, seconds=seconds,
       bound='compute' if compute_s >= memory_s else 'HBM bandwidth',
       img_per_s=accum_steps * compiled.micro_batch / seconds,
@@ -266,6 +312,14 @@ def _gib(x):
   return f'{x:7.2f} GiB'
 
 
+def si(value: float, unit: str) -> str:
+  """'2.31 GFLOP': three significant digits and a decimal prefix."""
+  for power, prefix in ((12, 'T'), (9, 'G'), (6, 'M'), (3, 'k')):
+    if abs(value) >= 10**power:
+      return f'{value / 10**power:.3g} {prefix}{unit}'
+  return f'{value:.3g} {unit}'
+
+
 def describe(config, chip, chips, compiled: Compiled, e: Estimate,
              img_per_core=None):
   """The plan, per chip, as lines of text."""
@@ -286,12 +340,12 @@ def describe(config, chip, chips, compiled: Compiled, e: Estimate,
       f'  in all (with batch, code)    {_gib(e.total_gib)} of '
       f'{chip.hbm_gib:g} GiB HBM: '
       f'{"fits" if e.total_gib <= chip.hbm_gib else "DOES NOT FIT"}',
-      f'  FLOPs per step               {e.flops / 1e12:10.3f} TFLOP',
-      f'  HBM bytes per step           {e.hbm_bytes / 1e9:10.2f} GB',
+      f'  FLOPs per step               {si(e.flops, "FLOP")}',
+      f'  HBM bytes per step           {si(e.hbm_bytes, "B")}',
       f'Estimate (roofline from the published peaks, {chip.peak_tflops:g} '
       f'TFLOP/s and {chip.hbm_gbps:g} GB/s; collectives and the host not '
       'counted):',
-      f'  step time    {e.seconds * 1e3:10.1f} ms ({e.bound} bound)',
+      f'  step time    {e.seconds * 1e3:10.3g} ms ({e.bound} bound)',
       f'  images/s     {e.img_per_s:10.0f} per chip',
       f'  MFU          {100 * e.mfu:10.1f} %']
   recipe = host_recipe(config)
@@ -301,6 +355,10 @@ def describe(config, chip, chips, compiled: Compiled, e: Estimate,
     lines.append(f'  host cores   {cores:10d} per host of '
                  f'{min(chips, chip.chips_per_host)} chips, at {rate:g} img/s '
                  f'per core ({recipe}, 224 px)')
+    if config.pp.crop != 224 and not img_per_core:
+      lines.append(f'  (this config crops {config.pp.crop} px: measure its '
+                   f'rate with benchmarks/input_speed.py --size='
+                   f'{config.pp.crop}, pass --host_img_per_core)')
   return lines
 
 
@@ -325,50 +383,62 @@ def _out_of_memory(error) -> bool:
 
 
 def try_batch(config, devices, info, chip, per_chip: int):
-  """(Compiled, Estimate) at `per_chip` images per chip, one micro-batch;
-  None where the compiler finds it does not fit."""
+  """(Compiled, Estimate of its memory, the config) at `per_chip` images
+  per chip, one micro-batch; None where the compiler finds it does not
+  fit."""
   import jax  # pylint: disable=g-import-not-at-top
-  config = _with(config, batch=per_chip * len(devices), accum_steps=1)
+  cores = cores_per_chip(devices)
+  if per_chip % cores:
+    return None
+  config = _with(config, batch=per_chip * len(devices) // cores,
+                 accum_steps=1)
   try:
-    compiled = compile_step(config, devices, info)
+    compiled = compile_step(config, devices, info, count=False)
   except jax.errors.JaxRuntimeError as e:
     if _out_of_memory(e):
       return None
     raise
   e = estimate(compiled, chip, 1)
-  return (compiled, e) if e.total_gib <= chip.hbm_gib else None
+  return (compiled, e, config) if e.total_gib <= chip.hbm_gib else None
 
 
 def fit_batch(config, devices, info, chip, start: int):
   """The largest batch per chip that fits, with its (Compiled, Estimate).
 
-  Memory grows linearly with the batch: two compiles give the line, a third
-  checks where it meets the chip's HBM (stepping down 10% while it does not
-  fit). Batches of 8 or more are multiples of 8, the TPU's sublane tile.
+  Memory grows linearly with the batch: two batches that fit give the line,
+  a third compile checks where it meets the chip's HBM (stepping down 5%
+  while it does not fit). Batches of 16 or more are multiples of 8, the
+  TPU's sublane tile.
   """
-  start = max(1, start)
-  low = try_batch(config, devices, info, chip, start)
-  while low is None and start > 1:
-    start //= 2
-    low = try_batch(config, devices, info, chip, start)
-  if low is None:
+  attempt = lambda b: try_batch(config, devices, info, chip, b)
+  start, halved = max(1, start), False
+  found = attempt(start)
+  while found is None and start > 1:
+    start, halved = start // 2, True
+    found = attempt(start)
+  if found is None:
     return 0, None
-  high = try_batch(config, devices, info, chip, 2 * start)
-  if high is None:
-    guess = start + start // 2
-  else:
-    slope = (high[1].total_gib - low[1].total_gib) / start
-    fixed = low[1].total_gib - slope * start
-    guess = int((chip.hbm_gib - fixed) / slope) if slope > 0 else 8 * start
-  best = (2 * start, high) if high else (start, low)
+  points = [(start, found)]
+  second = start // 2 if halved or start == 1 else 2 * start
+  if second >= 1 and (other := attempt(second)) is not None:
+    points.append((second, other))
+  elif start > 1 and second > start:
+    points.append((start // 2, attempt(start // 2)))
+  best = max(points, key=lambda p: p[0])
+  if len(points) < 2:
+    return best
+  (b1, f1), (b2, f2) = sorted(points, key=lambda p: p[0])
+  slope = (f2[1].total_gib - f1[1].total_gib) / (b2 - b1)
+  fixed = f1[1].total_gib - slope * b1
+  guess = int((chip.hbm_gib - fixed) / slope) if slope > 0 else 8 * b2
   for _ in range(4):
     guess = guess // 8 * 8 if guess >= 16 else guess
     if guess <= best[0]:
       return best
-    found = try_batch(config, devices, info, chip, guess)
+    found = attempt(guess)
     if found:
       return guess, found
-    guess = int(guess * 0.9)
+    guess = int(guess * 0.95)
   return best
 
 
@@ -393,8 +463,10 @@ def fit_table(config, devices, info, chip, start: int):
                                start)
       if not found:
         lines.append(f'  {strategy:10s} {policy:14s} {"nothing fits":>10s}')
+        print(lines[-1], flush=True)
         continue
-      e = found[1]
+      compiled, _, fitted = found
+      e = estimate(count_flops(compiled, fitted, devices, info), chip, 1)
       lines.append(f'  {strategy:10s} {policy:14s} {batch:10d} '
                    f'{e.total_gib:6.2f} GiB {e.seconds * 1e3:8.1f} '
                    f'{e.img_per_s:10.0f} {100 * e.mfu:6.1f}%')
@@ -438,4 +510,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  flags.mark_flags_as_required(['config', 'topology'])
   cli.run(main, config_flag='config')

@@ -39,6 +39,11 @@ def make_mesh(axes: Sequence, devices=None) -> Mesh:
     raise ValueError(f'Mesh axes {dict(zip(names, sizes))} use '
                      f'{math.prod(sizes)} devices, but there are '
                      f'{len(devices)}.')
+  if any(getattr(d, 'core_on_chip', 0) for d in devices):
+    # A TPU's cores as devices of their own (libtpu's v4 slices described
+    # for compiling): jax's TPU layout wants one device a chip.
+    return Mesh(np.asarray(devices).reshape(sizes), names,
+                axis_types=(AxisType.Auto,) * len(names))
   return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names),
                        devices=devices)
 
