@@ -26,7 +26,8 @@ from absl import flags
 
 from configs import augreg
 
-flags.DEFINE_list('models', ['b16', 'l16', 'h14'], 'configs/augreg.py variants.')
+flags.DEFINE_list('models', ['b16', 'l16', 'h14'],
+                  "configs/augreg.py's variants, and g14 (ViT-g/14).")
 flags.DEFINE_list('topologies', ['v4:4x4x8', 'v5e:16x16', 'v5p:4x4x8',
                                  'v6e:16x16'], 'TPU slices.')
 flags.DEFINE_integer('batch', augreg.BATCH, 'Global batch.')
@@ -41,11 +42,20 @@ LADDER = (('replicate', 'none'), ('fsdp', 'none'),
           ('fsdp', 'dots_no_batch'), ('fsdp', 'full'))
 
 
+# ViT-g/14 of "Scaling Vision Transformers" (Zhai et al., 2022; big_vision's
+# 'g'): no preset of the original's, so H/14's config with its sizes.
+GIANT = {'model.hidden_size': 1408, 'model.transformer.mlp_dim': 6144,
+         'model.transformer.num_heads': 16, 'model.transformer.num_layers': 40,
+         'model_name': 'ViT-g_14'}
+
+
 def config_for(variant: str):
-  config = augreg.get_config(f'{variant},none,i21k')
+  config = augreg.get_config(f'{"h14" if variant == "g14" else variant},'
+                             'none,i21k')
   return plan._with(config, batch=FLAGS.batch,  # pylint: disable=protected-access
                     **{'model.dtype': 'bfloat16',
-                       'model.transformer.scan': FLAGS.scan})
+                       'model.transformer.scan': FLAGS.scan},
+                    **(GIANT if variant == 'g14' else {}))
 
 
 def first_fit(config, devices, info, chip):
@@ -89,12 +99,12 @@ def main(argv):
       per_host = min(chips, chip.chips_per_host)
       cores = e.img_per_s * per_host / plan.HOST_IMG_PER_CORE[
           plan.host_recipe(config)]
-      hours = IMAGENET21K / (e.img_per_s * chips) / 3600
+      minutes = IMAGENET21K / (e.img_per_s * chips) / 60
       print(f'| {config.model_name.split("-augreg")[0]} | {topology} | '
             f'{chips} | {compiled.micro_batch} | {strategy} | {remat} | '
             f'{e.total_gib:.1f} of {chip.hbm_gib:g} GiB | '
             f'{e.seconds * 1e3:.0f} ms | {e.img_per_s:.0f} | '
-            f'{100 * e.mfu:.0f}% | {e.bound} | {hours:.2f} h | '
+            f'{100 * e.mfu:.0f}% | {e.bound} | {minutes:.0f} min | '
             f'{cores:.0f} of {per_host} chips |', flush=True)
       print(f'  ({topology}: {seconds:.0f} s of compiling)', file=sys.stderr,
             flush=True)

@@ -13,12 +13,9 @@ import numpy as np
 import pytest
 
 from vit_jax import lean_ops
-from vit_jax import loop
 from vit_jax import models
 from vit_jax import plan
-from vit_jax import sharding
 from vit_jax import target
-from vit_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_LIBTPU = plan.importlib.util.find_spec('libtpu') is not None
@@ -146,18 +143,14 @@ def test_compiled_step_figures_match_the_equations():
   assert scanned.hbm_bytes == pytest.approx(compiled.hbm_bytes, rel=0.15)
   assert scanned.model_flops == pytest.approx(compiled.model_flops, rel=1e-3)
   # FSDP splits the large leaves over the 4 chips.
-  fsdp = _small_vit_config('fsdp')
-  mesh = sharding.make_mesh(fsdp.mesh, devices)
-  task = train.make_task(fsdp, None, mesh=mesh, info=info)
-  _, abstract, shardings = loop.abstract_state(task, fsdp, mesh)
-  state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      abstract, shardings)
+  _, _, state, _ = plan.sharded_state(_small_vit_config('fsdp'), devices,
+                                      info)
   assert plan.per_chip_bytes(state) < 0.3 * compiled.state_bytes
 
 
 def test_fit_finds_the_largest_multiple_of_eight(monkeypatch):
-  """A memory line of 2 + 0.1 GiB per image on a 16 GiB chip: 140 fit."""
+  """A memory line of 2 + 0.1 GiB per image on a 16 GiB chip: 136 fit
+  (144 would take 16.4 GiB)."""
   chip = plan.CHIPS['v5e']
   tried = []
 
@@ -165,16 +158,24 @@ def test_fit_finds_the_largest_multiple_of_eight(monkeypatch):
     del config, devices, info
     tried.append(per_chip)
     total = 2 + 0.1 * per_chip
-    return None if total > chip.hbm_gib else (
-        None, plan.Estimate(0, 0, total, 0, 0, 1, '', per_chip, 0), None)
+    fits = total <= chip.hbm_gib
+    return total, ((None, plan.Estimate(0, 0, total, 0, 0, 1, '', per_chip,
+                                        0), None) if fits else None)
 
   monkeypatch.setattr(plan, 'try_batch', fake)
   batch, found = plan.fit_batch(None, None, None, chip, start=16)
   assert batch == 136 and found[1].total_gib <= 16
-  assert len(tried) == 3  # two points of the line, one check
+  assert tried == [16, 32, 136, 144]  # the line, its answer, the next
   tried.clear()
   batch, _ = plan.fit_batch(None, None, None, chip, start=256)  # too big
-  assert batch == 136 and tried[:2] == [256, 128]
+  assert batch == 136 and tried == [256, 128, 136, 144]
+  tried.clear()
+  # Memory that does not grow at first: the batch doubles until it does.
+  monkeypatch.setattr(plan, 'try_batch', lambda c, d, i, chip, b: (
+      tried.append(b), fake(c, d, i, chip, b))[1] if b > 64 else (
+          tried.append(b), (2.0, (None, None, None)))[1])
+  batch, _ = plan.fit_batch(None, None, None, chip, start=32)
+  assert batch == 136
 
 
 # Implementations by target platform.

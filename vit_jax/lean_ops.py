@@ -181,6 +181,7 @@ layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def _plain_layer_norm(x, scale, bias, epsilon):
+  """`layer_norm`'s arithmetic, differentiated as written."""
   mean, rstd = _stats(x, epsilon)
   return (x.astype(jnp.float32) - mean) * (rstd * scale) + bias
 

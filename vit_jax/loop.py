@@ -77,12 +77,12 @@ def _restore(manager, abstract, shardings):
     raise checkpoint.CheckpointError(
         f'{e}\nUse a fresh --workdir, or the config that wrote this one.'
     ) from None
-  target = jax.tree.map(
+  wanted = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
       abstract, shardings)
   if jax.process_index() == 0:
     print(f'Resuming from step {step} in {manager.directory}.', flush=True)
-  return manager.restore(step, args=ocp.args.StandardRestore(target))
+  return manager.restore(step, args=ocp.args.StandardRestore(wanted))
 
 
 def abstract_state(task, config, mesh):

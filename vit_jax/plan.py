@@ -13,9 +13,9 @@ accumulation, remat, scan and FSDP as the config sets them), traced as a
 TPU process traces it (`target`). Printed per chip: parameters and
 optimizer state, temporaries, their sum against the chip's HBM, FLOPs and
 HBM bytes per step, and a roofline estimate: step time = max(FLOPs / peak
-FLOP/s, bytes / HBM bandwidth), from the chip's published peaks. The
-estimate ignores the time of collectives and of the host; it is a lower
-bound on what a real step takes (docs/performance.md).
+FLOP/s, bytes / HBM bandwidth), from the chip's published peaks. It leaves
+out collectives and the host, and XLA's bytes accessed include some that
+stay on chip: an estimate to compare plans by (docs/performance.md).
 """
 
 import contextlib
@@ -160,18 +160,27 @@ class Compiled:
   # as 2 devices (no megacore), each with half its HBM, FLOP/s and bandwidth
 
 
-def _lowered_step(config, devices, info, platform=None):
-  """(the loop's training step for `config` lowered for `devices`, with
-  the implementations of `platform` (default: the devices'), its state,
-  the number of chips on the `data` axis)."""
+def sharded_state(config, devices, info):
+  """(the task, the mesh, the training state as ShapeDtypeStructs with
+  their shardings, those shardings) of `config` on `devices`."""
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import loop, sharding, target, train  # pylint: disable=g-import-not-at-top
+  from vit_jax import loop, sharding, train  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(config.mesh, devices)
   task = train.make_task(config, None, mesh=mesh, info=info)
   _, abstract, shardings = loop.abstract_state(task, config, mesh)
   state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
       abstract, shardings)
+  return task, mesh, state, shardings
+
+
+def _lowered_step(config, devices, info, platform=None):
+  """(the loop's training step for `config` lowered for `devices`, with
+  the implementations of `platform` (default: the devices'), its state,
+  the number of chips on the `data` axis)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import loop, sharding, target  # pylint: disable=g-import-not-at-top
+  task, mesh, state, shardings = sharded_state(config, devices, info)
   data = sharding.batch_sharding(mesh)
   batch = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=data),
@@ -382,64 +391,86 @@ def _out_of_memory(error) -> bool:
   return 'RESOURCE_EXHAUSTED' in text or 'out of memory' in text.lower()
 
 
+_NEEDED = re.compile(r'required for HLO temporaries \(([\d.]+)([KMGT]?)\)')
+
+
 def try_batch(config, devices, info, chip, per_chip: int):
-  """(Compiled, Estimate of its memory, the config) at `per_chip` images
-  per chip, one micro-batch; None where the compiler finds it does not
-  fit."""
+  """(the memory per chip in GiB, or None if unknown; (Compiled, Estimate,
+  config) if it fits the chip, else None) at `per_chip` images per chip,
+  one micro-batch. A step the compiler refuses gives the temporaries it
+  says it needed."""
   import jax  # pylint: disable=g-import-not-at-top
   cores = cores_per_chip(devices)
   if per_chip % cores:
-    return None
+    return None, None
   config = _with(config, batch=per_chip * len(devices) // cores,
                  accum_steps=1)
   try:
     compiled = compile_step(config, devices, info, count=False)
   except jax.errors.JaxRuntimeError as e:
-    if _out_of_memory(e):
-      return None
-    raise
+    if not _out_of_memory(e):
+      raise
+    needed = _NEEDED.search(str(e))
+    if not needed:
+      return None, None
+    scale = 1000.0**(' KMGT'.index(needed[2] or ' ')) / 2**30
+    return cores * float(needed[1]) * scale, None
   e = estimate(compiled, chip, 1)
-  return (compiled, e, config) if e.total_gib <= chip.hbm_gib else None
+  return e.total_gib, ((compiled, e, config) if e.total_gib <= chip.hbm_gib
+                       else None)
 
 
-def fit_batch(config, devices, info, chip, start: int):
-  """The largest batch per chip that fits, with its (Compiled, Estimate).
+def fit_batch(config, devices, info, chip, start: int, compiles: int = 10):
+  """The largest batch per chip that fits, with its (Compiled, Estimate,
+  config); (0, None) if not even one image does.
 
-  Memory grows linearly with the batch: two batches that fit give the line,
-  a third compile checks where it meets the chip's HBM (stepping down 5%
-  while it does not fit). Batches of 16 or more are multiples of 8, the
-  TPU's sublane tile.
+  Memory grows linearly with the batch: each guess is where the line
+  through the two tries nearest the boundary meets the chip's HBM, until
+  the largest fit and the smallest failure are within 5% (or 8 images).
+  Batches of 16 or more are multiples of 8, the TPU's sublane tile.
   """
-  attempt = lambda b: try_batch(config, devices, info, chip, b)
-  start, halved = max(1, start), False
-  found = attempt(start)
-  while found is None and start > 1:
-    start, halved = start // 2, True
-    found = attempt(start)
-  if found is None:
-    return 0, None
-  points = [(start, found)]
-  second = start // 2 if halved or start == 1 else 2 * start
-  if second >= 1 and (other := attempt(second)) is not None:
-    points.append((second, other))
-  elif start > 1 and second > start:
-    points.append((start // 2, attempt(start // 2)))
-  best = max(points, key=lambda p: p[0])
-  if len(points) < 2:
-    return best
-  (b1, f1), (b2, f2) = sorted(points, key=lambda p: p[0])
-  slope = (f2[1].total_gib - f1[1].total_gib) / (b2 - b1)
-  fixed = f1[1].total_gib - slope * b1
-  guess = int((chip.hbm_gib - fixed) / slope) if slope > 0 else 8 * b2
-  for _ in range(4):
-    guess = guess // 8 * 8 if guess >= 16 else guess
-    if guess <= best[0]:
-      return best
-    found = attempt(guess)
-    if found:
-      return guess, found
-    guess = int(guess * 0.95)
-  return best
+  tries = {}  # batch -> (GiB or None, found or None)
+  batch = max(1, start)
+  for _ in range(compiles):
+    tries[batch] = try_batch(config, devices, info, chip, batch)
+    fits = sorted(b for b, (_, found) in tries.items() if found)
+    fails = sorted(b for b, (_, found) in tries.items() if not found)
+    if not fits:
+      if batch == 1:
+        return 0, None
+      batch //= 2
+      continue
+    low, high = fits[-1], (fails[0] if fails else None)
+    if high is not None and high - low <= max(8, low // 20):
+      break
+    batch = _next_guess(tries, low, high, chip.hbm_gib)
+    if batch is None:
+      break
+  low = max(b for b, (_, found) in tries.items() if found)
+  return low, tries[low][1]
+
+
+def _next_guess(tries, low, high, hbm_gib):
+  """The next batch to try between the largest fit `low` and the smallest
+  failure `high` (None: none yet); None if no batch is left between. The
+  line goes through `low` and `high`, else the two largest fits."""
+  gib = {b: m for b, (m, _) in tries.items() if m is not None}
+  fits = sorted(b for b in gib if tries[b][1] and b < low)
+  other = high if high in gib else (fits[-1] if fits else None)
+  guess = 2 * low
+  if other is not None and low in gib:
+    slope = (gib[other] - gib[low]) / (other - low)
+    if slope > 0:
+      guess = int(low + (0.995 * hbm_gib - gib[low]) / slope)
+  if high is not None and not low < guess < high - 8:
+    guess = (low + high) // 2  # the line misses the bracket: halve it
+  if guess >= 16:
+    guess = guess // 8 * 8
+  if guess <= low:  # the line says low is the answer: check the next one
+    guess = low + (8 if low >= 16 else 1)
+  if high is not None and guess >= high:
+    return None
+  return guess
 
 
 def fit_table(config, devices, info, chip, start: int):
