@@ -14,6 +14,7 @@ measurement on a TPU.
       --topologies=v4:4x4x8,v5e:16x16,v5p:4x4x8,v6e:16x16
 """
 
+import math
 import os
 import sys
 import time
@@ -97,15 +98,15 @@ def main(argv):
         continue
       strategy, remat, compiled, e = found
       per_host = min(chips, chip.chips_per_host)
-      cores = e.img_per_s * per_host / plan.HOST_IMG_PER_CORE[
-          plan.host_recipe(config)]
+      cores = math.ceil(e.img_per_s * per_host / plan.HOST_IMG_PER_CORE[
+          plan.host_recipe(config)])
       minutes = IMAGENET21K / (e.img_per_s * chips) / 60
       print(f'| {config.model_name.split("-augreg")[0]} | {topology} | '
             f'{chips} | {compiled.micro_batch} | {strategy} | {remat} | '
             f'{e.total_gib:.1f} of {chip.hbm_gib:g} GiB | '
             f'{e.seconds * 1e3:.0f} ms | {e.img_per_s:.0f} | '
             f'{100 * e.mfu:.0f}% | {e.bound} | {minutes:.0f} min | '
-            f'{cores:.0f} of {per_host} chips |', flush=True)
+            f'{cores} of {per_host} chips |', flush=True)
       print(f'  ({topology}: {seconds:.0f} s of compiling)', file=sys.stderr,
             flush=True)
 
