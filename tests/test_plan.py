@@ -93,25 +93,20 @@ def test_chips_are_the_published_figures():
 
 
 def _small_vit_config(strategy='replicate'):
+  """A 3-block ViT whose products dominate its FLOPs, blocks scanned."""
   from configs import common  # pylint: disable=import-outside-toplevel
   config = common.with_model(common.get_config(), 'small', dict(
       patches=dict(size=(4, 4)), hidden_size=128, classifier='token',
       representation_size=None, posemb='learn', dtype='float32',
-      transformer=dict(mlp_dim=512, num_heads=4, num_layers=2,
+      transformer=dict(mlp_dim=512, num_heads=4, num_layers=3,
                        dropout_rate=0.0, attention_dropout_rate=0.0,
-                       remat_policy='none', scan=False)))
+                       remat_policy='none', scan=True)))
   config.pp.crop, config.batch = 32, 128
   config.optimizer, config.sharding_strategy = 'adamw', strategy
   return config
 
 
-def _with_scan(config):
-  config = config.copy_and_resolve_references()
-  config.model.transformer.scan = True
-  return config
-
-
-def _vit_flops_per_image(d=128, mlp=512, layers=2, tokens=65, patches=64,
+def _vit_flops_per_image(d=128, mlp=512, layers=3, tokens=65, patches=64,
                          patch_pixels=48, classes=10):
   """Forward FLOPs of a ViT from its matrix products (2 per multiply-add)."""
   block = tokens * (4 * d * d + 2 * d * mlp) + 2 * tokens * tokens * d
@@ -120,6 +115,8 @@ def _vit_flops_per_image(d=128, mlp=512, layers=2, tokens=65, patches=64,
 
 @needs_libtpu
 def test_compiled_step_figures_match_the_equations():
+  """A scanned step: XLA counts a loop's body once, plan counts every
+  block (from 1- and 2-block unrolled compiles)."""
   devices = plan.topology_devices('v5e:2x2')
   info = plan.dataset_info(None, num_classes=10)
   config = _small_vit_config()
@@ -137,11 +134,6 @@ def test_compiled_step_figures_match_the_equations():
   e = plan.estimate(compiled, plan.CHIPS['v5e'], 1)
   assert e.flops == pytest.approx(products, rel=0.1)
   assert e.total_gib < 16 and e.temp_gib > 0
-  # Scanned blocks: XLA counts a loop's body once; plan counts them all.
-  scanned = plan.compile_step(_with_scan(config), devices, info)
-  assert scanned.flops == pytest.approx(compiled.flops, rel=0.03)
-  assert scanned.hbm_bytes == pytest.approx(compiled.hbm_bytes, rel=0.15)
-  assert scanned.model_flops == pytest.approx(compiled.model_flops, rel=1e-3)
   # FSDP splits the large leaves over the 4 chips.
   _, _, state, _ = plan.sharded_state(_small_vit_config('fsdp'), devices,
                                       info)
