@@ -72,6 +72,21 @@ def test_bad_topology_is_one_line(topology, message):
   assert not result.stdout
 
 
+@pytest.mark.parametrize('flags,message', [
+    (('--config=configs/lit_fmnist.py:softmax',),
+     "config.trainer='lit': vit_jax.plan compiles the steps of"),
+    (('--config=configs/default.py', '--config.batch=40000000'),
+     "The step does not fit TPU v5e's 16 GiB: RESOURCE_EXHAUSTED: "),
+])
+@needs_libtpu
+def test_step_plan_cannot_build_is_one_line(flags, message):
+  result = _plan(*flags, '--topology=v5e:2x2')
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('Error: '), lines
+  assert message in lines[0] and not result.stdout
+
+
 def test_missing_libtpu_says_how_to_install(monkeypatch):
   monkeypatch.setattr(plan.importlib.util, 'find_spec', lambda name: None)
   with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[tpu\]'"):
