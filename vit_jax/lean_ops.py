@@ -208,9 +208,9 @@ class LayerNorm(nn.Module):
                        self.param_dtype)
     bias = self.param('bias', nn.initializers.zeros, (features,),
                       self.param_dtype)
-    dtype = self.dtype or jnp.promote_types(x.dtype, jnp.float32)
     if target.platform() != 'cpu':  # autodiff of the same arithmetic
       return _plain_layer_norm(x, scale, bias, self.epsilon)
+    dtype = self.dtype or jnp.promote_types(x.dtype, jnp.float32)
     return layer_norm(x, scale.astype(jnp.float32), bias.astype(jnp.float32),
                       self.epsilon).astype(dtype)
 

@@ -18,14 +18,11 @@ out collectives and the host, and XLA's bytes accessed include some that
 stay on chip: an estimate to compare plans by (docs/performance.md).
 """
 
-import contextlib
 import dataclasses
 import importlib.util
 import math
 import os
 import re
-import sys
-import tempfile
 
 # The plan compiles for a slice it only describes: this process never takes
 # a real TPU (one running a job keeps it), and several plans, or a plan
@@ -37,6 +34,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
 from vit_jax import cli  # pylint: disable=g-import-not-at-top
+from vit_jax import tf_startup  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -92,24 +90,6 @@ def check_libtpu():
         "pip install -e '.[tpu]'")
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-  """libtpu's warnings about the absent TPU host, off file descriptor 2;
-  restored, and printed, if what runs inside fails."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as sink:
-    os.dup2(sink.fileno(), 2)
-    try:
-      yield
-    except BaseException:
-      os.dup2(saved, 2)
-      raise
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
-
-
 def topology_devices(name: str):
   """The abstract devices of the TPU slice `name`, e.g. 'v5e:2x2'."""
   parse_topology(name)
@@ -117,7 +97,9 @@ def topology_devices(name: str):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   try:
-    with _quiet_stderr():
+    # libtpu's warnings about the absent TPU host: off the screen, all of
+    # them (a refusal becomes one Error line below).
+    with tf_startup.filtered_stderr(noise=re.compile('')):
       return topologies.get_topology_desc(platform='tpu',
                                           topology_name=name).devices
   except jax.errors.JaxRuntimeError as e:
@@ -214,9 +196,9 @@ def count_flops(compiled, config, devices, info) -> Compiled:
   return dataclasses.replace(compiled, **changes)
 
 
-def _cost(executable):
-  """(FLOPs, bytes accessed) of a compiled program of one device."""
-  cost = executable.cost_analysis()
+def _cost(program):
+  """(FLOPs, bytes accessed) of a compiled or lowered program."""
+  cost = program.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost['flops']), float(cost['bytes accessed'])
 
@@ -264,9 +246,7 @@ def _model_flops(config, per_chip: int, info) -> float:
     changes['model.transformer.scan'] = False
   lowered, _, _ = _lowered_step(_with(config, **changes),
                                 jax.devices('cpu')[:1], info, platform='tpu')
-  cost = lowered.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost['flops'])
+  return _cost(lowered)[0]
 
 
 @dataclasses.dataclass
@@ -377,12 +357,7 @@ def describe(config, chip, chips, compiled: Compiled, e: Estimate,
 def _with(config, **changes):
   """A copy of `config` with `changes`: 'a.b' keys are nested fields."""
   config = config.copy_and_resolve_references()
-  for key, value in changes.items():
-    *parents, last = key.split('.')
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[last] = value
+  config.update_from_flattened_dict(changes)
   return config
 
 

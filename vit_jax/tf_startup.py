@@ -31,16 +31,16 @@ NOISE = re.compile(
     r'|To enable the following instructions: ')
 
 
-def without_noise(text: str) -> str:
-  """`text` without the lines of TensorFlow's start-up noise."""
+def without_noise(text: str, noise=NOISE) -> str:
+  """`text` without the lines of TensorFlow's start-up noise (`noise`)."""
   return ''.join(line for line in text.splitlines(keepends=True)
-                 if not NOISE.match(line))
+                 if not noise.match(line))
 
 
 @contextlib.contextmanager
-def filtered_stderr():
-  """File descriptor 2 goes to a temporary file; its lines, less the noise,
-  go to stderr at the end."""
+def filtered_stderr(noise=NOISE):
+  """File descriptor 2 goes to a temporary file; its lines, less those
+  `noise` matches, go to stderr at the end."""
   try:
     sys.stderr.flush()
     saved = os.dup(2)
@@ -56,7 +56,7 @@ def filtered_stderr():
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = without_noise(captured.read().decode(errors='replace'))
+      kept = without_noise(captured.read().decode(errors='replace'), noise)
       if kept:
         sys.stderr.write(kept)
         sys.stderr.flush()
