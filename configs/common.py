@@ -1,10 +1,8 @@
 """Settings shared by every experiment config, and dataset presets."""
 
-import copy
-
 import ml_collections
 
-from vit_jax import model_configs
+from vit_jax import run_config
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -146,22 +144,11 @@ def with_dataset(config: ml_collections.ConfigDict,
 
 def with_model(config: ml_collections.ConfigDict, model_name: str,
                model=None) -> ml_collections.ConfigDict:
-  """Sets the model: the preset `model_name`, or `model` under that name.
+  """Sets the model: the preset `model_name`, or `model` under that name,
+  and the input normalization its weights expect (`run_config.set_model`).
 
   `config.model.model_name` refers to `config.model_name`, so the name has
-  one source: `--config.model_name` sets both.
+  one source: `--config.model_name` sets both (a preset's name brings its
+  whole model: `run_config.resolve`).
   """
-  if model is None:
-    if model_name not in model_configs.MODEL_CONFIGS:
-      raise ValueError(f'Unknown model {model_name!r}; known: '
-                       f'{sorted(model_configs.MODEL_CONFIGS)}.')
-    model = model_configs.MODEL_CONFIGS[model_name]
-  config.model_name = model_name
-  mean, std = model_configs.input_normalization(model_name)
-  if (mean, std) != model_configs.NORMALIZATIONS['google']:
-    config.pp.mean, config.pp.std = mean, std  # the preset's weights expect
-  # A deep copy keeps the preset's typed None fields (placeholders), so that
-  # --config.model.transformer.layerscale_init=1e-5 parses as a float.
-  config.model = copy.deepcopy(ml_collections.ConfigDict(model))
-  config.model.model_name = config.get_ref('model_name')
-  return config
+  return run_config.set_model(config, model_name, model)

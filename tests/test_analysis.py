@@ -295,7 +295,7 @@ def test_command_line(tmp_path):
       [sys.executable, '-m', 'vit_jax.analysis', '--model_name=nope',
        f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}'],
       capture_output=True, text=True, env=env)
-  assert bad.returncode != 0 and "Unknown model 'nope'" in bad.stderr
+  assert bad.returncode != 0 and "Unknown model preset 'nope'" in bad.stderr
 
 
 def test_command_line_prepares_images_as_predict(tmp_path):

@@ -953,7 +953,7 @@ def test_load_params_new_head_resize_and_notes(pretrained, capsys):
       f"Checkpoint {path}: new head (10, 3) (the model's initial one).",
       f'Checkpoint {path}: dropped pre_logits (the model has none).',
       f'Checkpoint {path}: resized pos_embedding from (1, 5, 10) to '
-      '(1, 10, 10).',
+      '(1, 10, 10) (bicubic, grid 2x2 -> 3x3).',
   ]
 
 

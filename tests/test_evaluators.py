@@ -39,11 +39,15 @@ def five_class_npz(tiny_config, tmp_path):
 
 
 def test_head_that_does_not_fit_the_test_data(tiny_config, tmp_path,
-                                              five_class_npz):
+                                              five_class_npz, capsys):
+  """trainer='evaluate' says so, then evaluates the features few-shot."""
   tiny_config.trainer, tiny_config.pretrained_path = 'evaluate', five_class_npz
-  with pytest.raises(ValueError, match="config.evals.test: the test data has "
-                     "10 classes, the model's head 5"):
-    train.evaluate(tiny_config, str(tmp_path / 'eval'))
+  tiny_config.evals.fewshot.update(dict(shots=(1, 2), seeds=1))
+  metrics = train.evaluate(tiny_config, str(tmp_path / 'eval'))
+  assert ('config.evals.test: the test data has 10 classes; the model has a '
+          'head of 5. The few-shot evaluators run instead.'
+          in capsys.readouterr().err)
+  assert 'fewshot_2shot' in metrics and 'accuracy' not in metrics
 
 
 def test_alias_without_its_evaluator(tiny_config, tmp_path, five_class_npz):

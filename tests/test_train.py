@@ -186,7 +186,8 @@ def test_mismatched_checkpoint(reference, tmp_path):
 
 
 @pytest.mark.parametrize('key,value,match', [
-    ('pp.crop', 30, '30x30 is not a multiple of the patch size 16x16'),
+    ('pp.crop', 30, 'pp.crop=30 does not fit testing: sides must be '
+     'multiples of its patch size, 16; e.g. --config.pp.crop=16 or 32'),
     ('batch', 12, 'divisible by the 8 devices'),
     ('optimizer', 'lamb', "config.optimizer='lamb'"),
     ('mesh', [('data', 3)], 'do not fit 8 devices'),
@@ -463,6 +464,8 @@ def test_evaluate_only(reference, tmp_path, capsys):
   assert 'testing.npz: test accuracy' in capsys.readouterr().out
   with pytest.raises(FileNotFoundError, match='Nothing to evaluate'):
     train.evaluate(config, str(tmp_path / 'empty'))
+  # At another size the position table is resized, as for fine-tuning.
   config.pretrained_dir, config.pp.crop = workdir, 48
-  with pytest.raises(ValueError, match=r'(?s)pos_embedding.*pp.crop=48'):
-    train.evaluate(config, str(tmp_path / 'other_size'))
+  assert train.evaluate(config, str(tmp_path / 'other_size'))['count'] == 37
+  assert ('resized pos_embedding from (1, 5, 10) to (1, 10, 10) (bicubic, '
+          'grid 2x2 -> 3x3)') in capsys.readouterr().err

@@ -152,12 +152,28 @@ def _resize_posemb(params, init_params, path, posemb, prefix, method,
         have[0], have[2]) != (want[0], want[2]):
       continue
     try:
-      tables[name] = resize_posemb_grid(tables[name], method=method, **(
-          _table_grids(posemb, name, axis, have, want, prefix, **grids)))
+      table_grids = _table_grids(posemb, name, axis, have, want, prefix,
+                                 **grids)
+      tables[name] = resize_posemb_grid(tables[name], method=method,
+                                        **table_grids)
     except ValueError as e:
       raise CheckpointError(f'Cannot resize {name} of {path} from {have} to '
                             f'{want}: {e}') from e
-    _note(path, f'resized {name} from {have} to {want}')
+    _note(path, f'resized {name} from {have} to {want} ({method}'
+          + _grid_change(table_grids, have, prefix) + ')')
+
+
+def _grid_change(table_grids, have, prefix) -> str:
+  """', grid 16x16 -> 8x8' of a 'learn' table, for the note."""
+  old = table_grids.get('old_grid')
+  if 'old_grid' not in table_grids:  # 'learn2d': 1-D tables
+    return ''
+  if old is None:
+    side = int(round(np.sqrt(have[1] - prefix)))
+    old = (side, side) if side * side == have[1] - prefix else None
+  new = table_grids['new_grid']
+  return (f', grid {old[0]}x{old[1]} -> {new[0]}x{new[1]}' if old else
+          f', grid -> {new[0]}x{new[1]}')
 
 
 def _resize_interp2d(tables, path, have, want):

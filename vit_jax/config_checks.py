@@ -10,6 +10,9 @@ import os
 from absl import logging
 
 from vit_jax import cli
+from vit_jax import models
+from vit_jax import models_swin
+from vit_jax import models_vit
 from vit_jax import optim
 from vit_jax import sharding
 from vit_jax import storage
@@ -57,9 +60,33 @@ def validate(config, num_devices_data: int):
         f'batch={config.batch} must split into accum_steps='
         f'{config.accum_steps} micro-batches divisible by the '
         f'{num_devices_data} devices on the mesh `data` axis.')
+  check_image_size(config)
   if config.batch_eval % num_devices_data:
     raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
                      f'{num_devices_data} devices on the `data` axis.')
+
+
+def check_image_size(config) -> None:
+  """`pp.crop` makes whole patches (a ViT) or windows (a Swin)."""
+  cls = models.model_class(config.model_name)
+  model, side = config.model, config.pp.crop
+  if 'navit' in config or model is None:
+    return  # NaViT's images keep their own sizes
+  if cls is models.VisionTransformer and model.get('resnet') is None:
+    multiple, what = models_vit.patch_size(model.patches), 'its patch size'
+  elif cls is models.SwinTransformer:
+    multiple = (models_swin.image_multiple(
+        model.patch_size, model.window_size, len(model.depths)),) * 2
+    what = 'patch x window x 2**(stages - 1)'
+  else:
+    return
+  if side % multiple[0] or side % multiple[1]:
+    fits = [k * multiple[0] for k in range(max(side // multiple[0], 1),
+                                           side // multiple[0] + 2)]
+    raise ValueError(
+        f'pp.crop={side} does not fit {config.model_name}: sides must be '
+        f'multiples of {what}, {multiple[0]}; e.g. --config.pp.crop='
+        f'{" or ".join(str(f) for f in fits)}.')
 
 
 def _input_files(config):

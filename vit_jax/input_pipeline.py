@@ -326,6 +326,23 @@ def eval_example(features, *, info: DatasetInfo, pp):
   return {'image': preprocess_eval(image, pp), 'label': target, 'mask': mask}
 
 
+def label_counts(info: DatasetInfo, config):
+  """Examples per class in the test split `config.pp.test`, from its labels
+  alone (no image decoded); None where labels are sets (ImageNet ReaL)."""
+  name, blank = config.pp.get('label'), tf.zeros([1, 1, 1], tf.uint8)
+  labels = read_encoded(info.builder, config.pp.test).map(
+      lambda features: task_labels.apply(name, blank, features)[1],
+      num_parallel_calls=tf.data.AUTOTUNE)
+  if labels.element_spec.shape.rank != 0:
+    return None
+  counts = labels.batch(4096).reduce(
+      tf.zeros([info.num_classes], tf.int64),
+      lambda total, y: total + tf.math.bincount(
+          y, minlength=info.num_classes, maxlength=info.num_classes,
+          dtype=tf.int64))
+  return counts.numpy()
+
+
 def eval_batches(info: DatasetInfo, config, *, batch_size: int):
   """Test batches covering every example once; padding has mask 0.
 

@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import functools
 import signal
+import sys
 import threading
 import time
 
@@ -34,6 +35,7 @@ from vit_jax import run_record
 from vit_jax import sharding
 from vit_jax import storage
 from vit_jax import target
+from vit_jax.evaluators import common as evaluators_common
 from vit_jax.evaluators import registry
 
 TrainState = train_state.TrainState
@@ -400,13 +402,23 @@ def evaluate(task, config, workdir, types=None):
         'Nothing to evaluate: set pretrained_path or pretrained_dir, or give '
         f'a workdir with checkpoints ({workdir} has none).')
   model, params = task.checkpoint(path or workdir)
-  evaluators = registry.from_config(config, task=task, model=model,
-                                    mesh=task.mesh, types=types)
+  source = path or f'the latest checkpoint in {workdir}'
+  try:
+    evaluators = registry.from_config(config, task=task, model=model,
+                                      mesh=task.mesh, types=types)
+  except evaluators_common.HeadMismatch as e:
+    if types is not None:
+      raise
+    # A checkpoint without a head for this data (a pre-trained encoder):
+    # its features are what can be evaluated.
+    print(f'Note: {source}: {e} The few-shot evaluators run instead.',
+          file=sys.stderr, flush=True)
+    evaluators = registry.from_config(config, task=task, model=model,
+                                      mesh=task.mesh, types=('fewshot',))
   if types is None:  # the evaluators training runs, the task's own too
     evaluators += getattr(task, 'evaluators', [])
   params = jax.device_put(params, sharding.tree_shardings(
       params, task.mesh, config.sharding_rules, config.sharding_strategy))
-  source = path or f'the latest checkpoint in {workdir}'
   writer = _writer(workdir)
   result = run_evaluators(evaluators, params, writer, 0, prefix=f'{source}: ')
   writer.flush()

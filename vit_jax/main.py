@@ -2,6 +2,7 @@
 --workdir=DIR [--config.base_lr=0.01 ...]`."""
 
 import os
+import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -13,8 +14,10 @@ from ml_collections import config_flags
 
 from vit_jax import cli
 from vit_jax import config_checks
+from vit_jax import run_config
 
 FLAGS = flags.FLAGS
+HELD = []  # --config.model.* flags parsed against a preset's model
 config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file (path[:argument]).',
     lock_config=True)
@@ -46,19 +49,24 @@ def main(argv):
         heartbeat_timeout_seconds=FLAGS.heartbeat_timeout)
   logging.info('JAX process %d/%d, devices %s', jax.process_index(),
                jax.process_count(), jax.devices())
-  config_checks.preflight(FLAGS.config)
+  # A preset named on the command line brings its model, the checkpoint's
+  # record its settings; given flags win over both.
+  config = run_config.resolve(
+      FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
+  config_checks.preflight(config)
   # The data stack (TensorFlow: seconds to import) loads only once the flags,
   # the config and its files are known to be good.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from vit_jax import inference_time  # pylint: disable=g-import-not-at-top
   from vit_jax import train  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
-  if FLAGS.config.trainer == 'inference_time':
-    inference_time.inference_time(FLAGS.config, FLAGS.workdir)
+  if config.trainer == 'inference_time':
+    inference_time.inference_time(config, FLAGS.workdir)
   else:
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+    train.train_and_evaluate(config, FLAGS.workdir,
                              allow_config_change=FLAGS.allow_config_change)
 
 
 if __name__ == '__main__':
+  sys.argv, HELD = run_config.held_model_flags(sys.argv)
   cli.run(main, config_flag='config')

@@ -23,6 +23,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 
 # The plan compiles for a slice it only describes: this process never takes
 # a real TPU (one running a job keeps it), and several plans, or a plan
@@ -37,6 +38,7 @@ from vit_jax import cli  # pylint: disable=g-import-not-at-top
 from vit_jax import tf_startup  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
+HELD = []  # --config.model.* flags parsed against a preset's model
 config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file (path[:argument]).',
     lock_config=True)
@@ -486,7 +488,9 @@ def main(argv):
   from vit_jax import config_checks  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  config = FLAGS.config
+  from vit_jax import run_config  # pylint: disable=g-import-not-at-top
+  config = run_config.resolve(
+      FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
   chip, chips = parse_topology(FLAGS.topology)
   check_libtpu()
   if config.trainer not in config_checks.PLANNED:
@@ -517,4 +521,6 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'topology'])
+  from vit_jax import run_config  # pylint: disable=g-import-not-at-top
+  sys.argv, HELD = run_config.held_model_flags(sys.argv)
   cli.run(main, config_flag='config')

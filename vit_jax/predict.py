@@ -29,6 +29,7 @@ from vit_jax import cli
 from vit_jax import model_configs
 from vit_jax import models
 from vit_jax import preprocess
+from vit_jax import run_config
 
 FLAGS = flags.FLAGS
 
@@ -47,7 +48,7 @@ def load_classifier(model_name, path, size=None, recorded=None):
   `model` overrides of its `recorded` transform (`preprocess`)."""
   if model_name not in models.MODEL_CONFIGS:
     raise ValueError(cli.closest(model_name, models.MODEL_CONFIGS, 'model'))
-  config = preprocess.model_config(models.MODEL_CONFIGS[model_name], recorded)
+  config, _ = run_config.preset_settings(model_name, recorded)
   model, params, size = checkpoint.load_model(config, path, size)
   if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')

@@ -14,6 +14,7 @@ images of the config's dataset, or, with a preset alone, Gaussian noise;
 """
 
 import os
+import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -32,12 +33,13 @@ from ml_collections import config_flags
 import tensorflow as tf
 
 from vit_jax import cli
-from vit_jax import models
 from vit_jax import predict
 from vit_jax import preprocess
+from vit_jax import run_config
 from vit_jax.analysis import paper_figures
 
 FLAGS = flags.FLAGS
+HELD = []  # --config.model.* flags parsed against a preset's model
 flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
 config_flags.DEFINE_config_file(
     'config', None, 'Experiment config (its model and dataset), instead of '
@@ -52,27 +54,31 @@ flags.DEFINE_bool('gray', False, 'The model was trained on gray images: '
 preprocess.define_flags()  # how image files are prepared, as for predict
 
 
-def model_config():
+def run_settings(recorded):
+  """(model config dict, config or None): the preset's, or the config's as
+  `vit_jax.main` settles it (`run_config`); the checkpoint's record applied
+  to either."""
   if (FLAGS.config is None) == (FLAGS.model_name is None):
     raise app.UsageError('Give exactly one of --model_name and --config.')
-  if FLAGS.config is not None:
-    return FLAGS.config.model
-  if FLAGS.model_name not in models.MODEL_CONFIGS:
-    raise ValueError(cli.closest(FLAGS.model_name, models.MODEL_CONFIGS,
-                                 'model'))
-  return models.MODEL_CONFIGS[FLAGS.model_name]
+  if FLAGS.config is None:
+    return run_config.preset_settings(FLAGS.model_name, recorded)[0], None
+  with FLAGS.config.unlocked():  # whose record applies
+    FLAGS.config.pretrained_path = FLAGS.checkpoint
+  config = run_config.resolve(
+      FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
+  return config.model.to_dict(), config
 
 
-def inputs(paths, size, recorded):
+def inputs(paths, size, recorded, config):
   """(images, a note saying what they are)."""
   if paths:
     transform = predict.transform_for(FLAGS.checkpoint, recorded, size,
                                       FLAGS.model_name or '')
     return (np.stack([predict.read_image(p, transform) for p in paths]),
             f'the {len(paths)} image files given')
-  if FLAGS.config is not None:
-    where = f'{FLAGS.config.dataset}:{FLAGS.config.pp.test}'
-    return (paper_figures.dataset_images(FLAGS.config, size,
+  if config is not None:
+    where = f'{config.dataset}:{config.pp.test}'
+    return (paper_figures.dataset_images(config, size,
                                          FLAGS.num_images),
             f'the first {FLAGS.num_images} images of {where}')
   noise = np.random.default_rng(0).normal(0, .5, (FLAGS.num_images, size,
@@ -87,9 +93,10 @@ def main(argv):
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   recorded = preprocess.load_transform(FLAGS.checkpoint)
-  config = preprocess.model_config(model_config(), recorded)
-  model, params, size = paper_figures.load_model(config, FLAGS.checkpoint)
-  images, note = inputs(argv[1:], size, recorded)
+  model_config, config = run_settings(recorded)
+  model, params, size = paper_figures.load_model(model_config,
+                                                 FLAGS.checkpoint)
+  images, note = inputs(argv[1:], size, recorded, config)
   print(f'Attention figures from {note}; embedding figures from the '
         'parameters alone.', flush=True)
   results = paper_figures.analyze(model, params, images,
@@ -106,4 +113,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  sys.argv, HELD = run_config.held_model_flags(sys.argv)
   cli.run(main)

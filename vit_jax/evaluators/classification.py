@@ -44,9 +44,11 @@ class Evaluator(common.Evaluator):
     self.info, self.data = common.split_data(
         config, settings.get('dataset'), settings.get('split'))
     if self.info.num_classes != model.num_classes:
-      raise ValueError(
+      raise common.HeadMismatch(
           f'config.evals.{name}: the test data has {self.info.num_classes} '
-          f'classes, the model\'s head {model.num_classes}.')
+          'classes; the model has ' + (f'a head of {model.num_classes}'
+                                       if model.num_classes else 'no head')
+          + '.')
     self.mesh = mesh
     self.step = jax.jit(functools.partial(eval_step, apply_fn=model.apply,
                                           loss=config.loss))

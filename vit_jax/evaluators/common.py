@@ -5,7 +5,8 @@ An evaluator is built once from its entry in `config.evals` (`type`,
 flat dict of metrics, says them in one line (`summary`) and names its
 TensorBoard scalars (`scalars`). `every`: evaluate every that many steps
 and at the end of training; 0: at the end only; None: never in training,
-only when a checkpoint is evaluated (`trainer='evaluate'`).
+only when a checkpoint is evaluated by type (`trainer='fewshot'`,
+`'zeroshot'`; `'evaluate'` runs those training runs).
 """
 
 from clu import metrics as clu_metrics
@@ -37,6 +38,10 @@ class Evaluator:
 
   def scalars(self, metrics) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, float)}
+
+
+class HeadMismatch(ValueError):
+  """The model's head does not classify the evaluator's data."""
 
 
 def split_data(config, dataset, split):

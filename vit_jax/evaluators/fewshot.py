@@ -14,6 +14,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from vit_jax import input_pipeline
 from vit_jax.evaluators import common
 
 BIAS_FEATURE = 100.
@@ -54,6 +55,20 @@ def pick_shots(labels, num_classes, shots, seed):
   return np.concatenate(picked)
 
 
+def check_shots(info, data, shots, where):
+  """Every class of the split has `shots` examples; read from the labels
+  alone, before any feature is computed."""
+  counts = input_pipeline.label_counts(info, data)
+  if counts is None:
+    return  # label sets: `pick_shots` checks the argmax labels
+  few = np.flatnonzero(counts < shots)
+  if few.size:
+    raise ValueError(
+        f'{where}: class {few[0]} has {counts[few[0]]} examples, fewer than '
+        f'{shots} shots ({few.size} of {len(counts)} classes have fewer); '
+        'take a larger split or fewer config.evals.*.shots.')
+
+
 def accuracies(train, test, num_classes, shots, seeds, l2_reg):
   """{shots: [test accuracy per seed]} of `(features, labels)` pairs."""
   out = {k: [] for k in shots}
@@ -90,6 +105,8 @@ class Evaluator(common.Evaluator):
                    for s in (settings.train, settings.test)}
     self.train, self.test = settings.train, settings.test
     self.num_classes = self.splits[self.train][0].num_classes
+    check_shots(*self.splits[self.train], max(shots), f'{self.dataset}:'
+                f'{self.train} (config.evals.{name}.train)')
     headless = model.clone(num_classes=0)  # outputs the pre-logits
     self.mesh = mesh
     self._apply = jax.jit(lambda p, x: headless.apply({'params': p}, x,

@@ -98,7 +98,8 @@ class Task:
 
   def checkpoint(self, path):
     """(model, params) of the checkpoint at `path` (an .npz or a workdir):
-    its head and pre-logits, at the resolution they were trained at."""
+    its head and pre-logits, at `pp.crop`; a position table made for
+    another resolution is resized as fine-tuning does (its note says so)."""
     found = checkpoint.read_params(path)
     sizes = checkpoint.model_config_for(found, self.config.model)
     model = self.model.clone(**{k: v for k, v in sizes.items()
@@ -109,9 +110,9 @@ class Task:
     try:
       return model, checkpoint.load_params(
           path, init_params=abstract, model_config=self.config.model,
-          resize_posemb=False, found=found)
+          new_grid=models.token_grid(self.config), found=found)
     except checkpoint.CheckpointError as e:
       raise checkpoint.CheckpointError(
-          f'{e}\nEvaluate with the model, number of classes and image size '
-          f'(pp.crop={self.config.pp.crop}) the checkpoint was trained with.'
-      ) from None
+          f'{e}\nEvaluate with the model and number of classes the '
+          'checkpoint was trained with (--config.model_name=PRESET gives a '
+          "preset's whole model).") from None

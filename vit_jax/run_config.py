@@ -1,0 +1,223 @@
+"""A run's model and input normalization, settled from the command line.
+
+`--config.model_name=PRESET` on any config brings that preset's whole model
+config and the normalization its weights expect, in place of the config's
+own model. The record beside the checkpoint (`NAME.transform.json`, which
+`convert` writes: the model settings that differ from the preset, mean and
+std) applies over that. Values given on the command line
+(`--config.model.*`, `--config.pp.mean`, `--config.pp.std`) win over both.
+Each change is said in one note line on stderr. predict and analysis take
+the same preset and record through `preset_settings`.
+"""
+
+import copy
+import sys
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from absl import flags
+import jax
+import ml_collections
+from ml_collections import config_flags
+
+from vit_jax import cli
+from vit_jax import config_checks
+from vit_jax import model_configs
+from vit_jax import preprocess
+from vit_jax import storage
+
+Normalization = Tuple[Optional[tuple], Optional[tuple]]
+
+
+def _note(line: str) -> None:
+  if jax.process_index() == 0:
+    print(f'Note: {line}.', file=sys.stderr, flush=True)
+
+
+def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
+  """(mean, std) of a record, if it names both."""
+  if not recorded or 'mean' not in recorded or 'std' not in recorded:
+    return None
+  return tuple(recorded['mean']), tuple(recorded['std'])
+
+
+def preset_settings(name: str, recorded=None
+                    ) -> Tuple[Dict[str, Any], Tuple[tuple, tuple]]:
+  """(model config dict, (mean, std)) of preset `name` as a checkpoint's
+  `recorded` transform amends it: its model overrides, its normalization."""
+  model = preprocess.model_config(model_configs.MODEL_CONFIGS[name], recorded)
+  return model, (recorded_normalization(recorded) or
+                 model_configs.input_normalization(name))
+
+
+def set_model(config, name: str, model=None):
+  """`config.model` from preset `name` (or the dict `model`, under that
+  name), and `pp.mean`/`pp.std` as its weights expect; `config.model.
+  model_name` refers to `config.model_name`, so the name has one source."""
+  if model is None:
+    model = model_configs.MODEL_CONFIGS[name]
+  config.model_name = name
+  _set_normalization(config, model_configs.input_normalization(name))
+  # A deep copy keeps the preset's typed None fields (placeholders), so that
+  # --config.model.transformer.layerscale_init=1e-5 parses as a float.
+  config.model = copy.deepcopy(ml_collections.ConfigDict(model))
+  config.model.model_name = config.get_ref('model_name')
+  return config
+
+
+def _set_normalization(config, normalization) -> None:
+  """pp.mean/std; None for Google's [-1, 1], which the pipeline makes."""
+  mean, std = (tuple(float(v) for v in x) for x in normalization)
+  if (mean, std) == model_configs.NORMALIZATIONS['google']:
+    mean = std = None
+  config.pp.mean, config.pp.std = mean, std
+
+
+def _normalization(config) -> Normalization:
+  return config.pp.get('mean'), config.pp.get('std')
+
+
+def _describe(normalization: Normalization) -> str:
+  """"ImageNet's mean and std", ... for a note."""
+  mean, std = normalization
+  if mean is None and std is None:
+    return "Google's [-1, 1] (mean and std 0.5)"
+  if (mean, std) == model_configs.NORMALIZATIONS['imagenet']:
+    return "ImageNet's mean and std"
+  return f'mean {mean} and std {std}'
+
+
+def _differing(a: Mapping[str, Any], b: Mapping[str, Any], prefix=''):
+  """Keys (dotted) whose values differ between nested dicts `a` and `b`."""
+  out = []
+  for key in sorted(set(a) | set(b)):
+    x, y = a.get(key), b.get(key)
+    if isinstance(x, Mapping) and isinstance(y, Mapping):
+      out += _differing(x, y, f'{prefix}{key}.')
+    elif x != y:
+      out.append(f'{prefix}{key}')
+  return out
+
+
+def checkpoint_record(config) -> Optional[Dict[str, Any]]:
+  """The record beside the config's pretrained file, if there is one."""
+  path = config_checks.pretrained_path(config)
+  if not path or (storage.is_remote(path) and not path.startswith('gs://')):
+    return None
+  return preprocess.load_transform(path)
+
+
+def _model_dict(config) -> Dict[str, Any]:
+  model = config.model.to_dict() if config.model is not None else {}
+  model.pop('model_name', None)
+  return model
+
+
+def held_model_flags(argv, config_flag: str = 'config'):
+  """(argv, held): where `--config.model_name=` names a preset, the
+  `--config.model.*` flags are held out of absl's parsing, which checks
+  them against the config file's model; `resolve` parses them against the
+  preset's."""
+  prefix = f'--{config_flag}.'
+  names = [a.split('=', 1)[1] for a in argv
+           if a.startswith(prefix + 'model_name=')]
+  if not names or names[-1] not in model_configs.MODEL_CONFIGS:
+    return list(argv), []
+  held = [a for a in argv if a.startswith(prefix + 'model.')]
+  return [a for a in argv if a not in held], held
+
+
+def _parse_held(config, held, config_flag: str = 'config'):
+  """(config, overrides) of the held `--config.model.*` flags, parsed by
+  ml_collections against `config`'s own fields and types."""
+  values = flags.FlagValues()
+  argv, saved = ['vit_jax', *held], sys.argv
+  sys.argv = argv  # config_flags reads its overrides from here, on DEFINE
+  try:
+    config_flags.DEFINE_config_dict(config_flag, config, flag_values=values,
+                                    lock_config=False)
+    values(argv)
+  except (AttributeError, KeyError, flags.Error) as e:
+    for arg in held:
+      node, key = config, arg.split('=')[0]
+      for part in key[len(config_flag) + 3:].split('.'):
+        if not hasattr(node, 'keys') or part not in node:
+          raise ValueError(f'{key}: the model of {config.model_name} has '
+                           f'no such field.') from None
+        node = node[part]
+    raise ValueError(str(e)) from None
+  finally:
+    sys.argv = saved
+  return values[config_flag].value, config_flags.get_override_values(
+      values[config_flag])
+
+
+def resolve(config, given: Optional[Mapping[str, Any]] = None,
+            held: Sequence[str] = ()):
+  """`config` with its model and normalization settled, as a new config.
+
+  `given`: the flat overrides of the command line (`config_flags.
+  get_override_values`). With 'model_name' among them, naming a preset, the
+  model is that preset's; the checkpoint's record then applies, and the
+  given `model.*`, `pp.mean` and `pp.std` last, with the `held` flags
+  (`held_model_flags`).
+  """
+  given = dict(given or {})
+  out = copy.deepcopy(config)
+  name = config.model_name
+  before = _model_dict(config), _normalization(config)
+  with out.unlocked():
+    if 'model_name' in given:
+      if name in model_configs.MODEL_CONFIGS:
+        set_model(out, name)
+      else:
+        hint = cli.closest(name, model_configs.MODEL_CONFIGS, 'preset')
+        _note(f'config.model_name={name!r} is no preset, so the config\'s '
+              f'own model is used under that name ({hint.split("; ")[-1]})')
+    preset = _model_dict(out), _normalization(out)
+    recorded = checkpoint_record(out)
+    if recorded and out.model is not None:
+      with out.model.unlocked():  # a record may set what a custom model lacks
+        out.model.update(recorded.get('model') or {})
+      if recorded_normalization(recorded):
+        _set_normalization(out, recorded_normalization(recorded))
+    mine = {k: v for k, v in given.items()
+            if k.startswith(('model.', 'pp.mean', 'pp.std'))}
+    out.update_from_flattened_dict(mine)
+  if held:
+    out, parsed = _parse_held(out, held)
+    given.update(parsed)
+  _say(config, out, given, before, preset, recorded)
+  return out.lock() if config.is_locked else out
+
+
+def _say(config, out, given, before, preset, recorded) -> None:
+  """One note line for the preset's changes, one for the record's."""
+  mine = sorted(k for k in given
+                if k.startswith('model.') or k in ('pp.mean', 'pp.std'))
+  after = _model_dict(out), _normalization(out)
+  if preset != before and 'model_name' in given:
+    changed = [k for k in _differing(before[0], preset[0])
+               if f'model.{k}' not in given]
+    parts = [f'config.model_name={config.model_name}: the preset won over '
+             "the config's own model"]
+    if changed:
+      parts.append('differing in ' + ', '.join(changed[:6]) +
+                   (', ...' if len(changed) > 6 else ''))
+    if preset[1] != before[1]:
+      parts.append(f'inputs normalized with {_describe(preset[1])}, as its '
+                   'weights expect')
+    if mine:
+      parts.append(', '.join(f'--config.{k}' for k in mine) + ' given, '
+                   'over it')
+    _note('; '.join(parts))
+  if recorded and after != preset:
+    path = preprocess.transform_path(config_checks.pretrained_path(out))
+    changed = [k for k in _differing(preset[0], after[0])
+               if f'model.{k}' not in given]
+    parts = [f'{path.name} (beside the checkpoint) applies']
+    if changed:
+      parts.append('model ' + ', '.join(changed))
+    if after[1] != preset[1] and not {'pp.mean', 'pp.std'} & set(given):
+      parts.append(f'inputs normalized with {_describe(after[1])}')
+    if len(parts) > 1:
+      _note(': '.join(parts[:1]) + ': ' + '; '.join(parts[1:]))
