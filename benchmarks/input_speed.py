@@ -31,8 +31,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from configs import augreg
-from configs import common
+from vit_jax.configs import augreg
+from vit_jax.configs import common
 from vit_jax import input_pipeline
 
 flags.DEFINE_integer('cores', 1, 'CPU cores (0..N-1) the pipeline runs on.')

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from configs import default
+from vit_jax.configs import default
 from vit_jax import cli
 from vit_jax import models
 from vit_jax import models_mae

@@ -28,7 +28,7 @@ from flax.training import train_state
 import jax
 import numpy as np
 
-from configs import navit_fmnist
+from vit_jax.configs import navit_fmnist
 from vit_jax import cli
 from vit_jax import models_navit
 from vit_jax import optim

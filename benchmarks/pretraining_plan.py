@@ -25,7 +25,7 @@ from vit_jax import plan  # pylint: disable=g-import-not-at-top  (sets JAX_PLATF
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
-from configs import augreg
+from vit_jax.configs import augreg
 
 flags.DEFINE_list('models', ['b16', 'l16', 'h14'],
                   "configs/augreg.py's variants, and g14 (ViT-g/14).")

@@ -93,7 +93,7 @@ def main(_):
         f'{jax.device_count()} {jax.devices()[0].platform} device(s): '
         f'train step {FLAGS.steps * micro / secs:.0f} img/s')
   if FLAGS.pipeline:
-    info = input_pipeline.get_dataset_info(
+    info = input_pipeline.dataset_info(
         input_pipeline.get_builder(config), config)
     it = input_pipeline.train_iterator(info, config, batch_size=micro)
     secs = _time(lambda: next(it), FLAGS.steps)

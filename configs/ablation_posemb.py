@@ -11,7 +11,7 @@ The default Fashion-MNIST job with one scheme changed, all on the same budget:
 
 import ml_collections
 
-from configs import default
+from vit_jax.configs import default
 
 VARIANTS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d', 'gap')
 

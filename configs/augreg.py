@@ -28,7 +28,8 @@ its splits; a folder of images instead: --config.dataset=PATH
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
+from vit_jax.configs import models
 from vit_jax import model_configs
 
 VARIANTS = {'ti16': 'ViT-Ti_16', 's32': 'ViT-S_32', 's16': 'ViT-S_16',
@@ -74,7 +75,8 @@ def _parse(arg: str):
   """'VARIANT,LEVEL[,DATASET[,reg]]' -> (variant, level, dataset, reg)."""
   parts = arg.split(',')
   if not 2 <= len(parts) <= 4 or (len(parts) == 4 and parts[3] != 'reg'):
-    raise ValueError(f'Expected VARIANT,LEVEL[,DATASET[,reg]], got {arg!r}.')
+    raise ValueError(f'Expected VARIANT,LEVEL[,DATASET[,reg]] or an AugReg '
+                     f'model or filename (R_Ti_16, ...), got {arg!r}.')
   variant, level, dataset = (parts + ['i1k'])[:3]
   for name, value, known in (('variant', variant, VARIANTS),
                              ('level', level, [*LEVELS, 'default']),
@@ -105,6 +107,11 @@ def _model(config, variant, dataset, reg):
 
 
 def get_config(arg: str = 'b16,default,i1k') -> ml_collections.ConfigDict:
+  """Pre-training 'VARIANT,LEVEL[,DATASET[,reg]]'; or, as the original's
+  `augreg.get_config`, fine-tuning an AugReg checkpoint: a model ('R_Ti_16')
+  or a checkpoint's filename ('R_Ti_16-i21k-300ep-lr_0.001-...')."""
+  if ',' not in arg and arg.split('-')[0] in models.AUGREG_CONFIGS:
+    return finetune_config(arg)
   variant, level, dataset, reg = _parse(arg)
   data = DATASETS[dataset]
   config = _model(common.get_config(), variant, dataset, reg)
@@ -126,3 +133,23 @@ def get_config(arg: str = 'b16,default,i1k') -> ml_collections.ConfigDict:
   config.shuffle_buffer = 250_000
   config.evals.test.every = 2_500
   return config.lock()
+
+
+def finetune_config(model_or_filename: str) -> ml_collections.ConfigDict:
+  """The original's AugReg fine-tuning: the checkpoint from
+  gs://vit_models/augreg (`model_or_filename`), no dropout, SGD, 500
+  steps at 384 px; evaluation resizes whole images, as the original's
+  pipeline did (its config's `pp.resize=448` was never read). Set
+  `dataset`."""
+  model = models.AUGREG_CONFIGS[model_or_filename.split('-')[0]]
+  config = common.with_model(common.get_config(), model.model_name)
+  config.model.transformer.dropout_rate = 0.0  # no AugReg when fine-tuning
+  config.pretrained_dir = 'gs://vit_models/augreg'
+  config.model_or_filename = model_or_filename
+  config.base_lr = 0.03
+  config.total_steps = 500
+  config.warmup_steps = 100
+  config.pp.train, config.pp.test = 'train', 'test'
+  config.pp.crop = 384
+  config.momentum_dtype = 'bfloat16'  # the original's optim_dtype
+  return config

@@ -96,6 +96,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Leaves no rule matches: 'replicate', or 'fsdp' (large parameters and
   # their optimizer state split over `data`, to fit bigger models).
   config.sharding_strategy = 'replicate'
+
+  # The original release's keys, the same fields by its names.
+  config.eval_every = config.evals.test.get_ref('every')
+  config.optim_dtype = config.get_ref('momentum_dtype')
+  # An AugReg checkpoint in `pretrained_dir`: its filename, or a model name
+  # (the best of its i21k pre-trainings, by index.csv's `final_val`).
+  config.model_or_filename = ml_collections.config_dict.placeholder(str)
   return config
 
 

@@ -8,7 +8,7 @@ prepared by vit_jax's local tfds builder; no network is used.
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 
 def get_config() -> ml_collections.ConfigDict:

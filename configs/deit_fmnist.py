@@ -20,8 +20,8 @@ use magnitude 2 rather than AugReg's 10-20.
 
 import ml_collections
 
-from configs import common
-from configs import default
+from vit_jax.configs import common
+from vit_jax.configs import default
 
 ARMS = ('plain', 'augreg', 'teacher', 'deit')
 

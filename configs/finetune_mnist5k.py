@@ -15,7 +15,7 @@ no weight decay. Without pretrained_dir the same budget trains from scratch.
 
 import ml_collections
 
-from configs import default
+from vit_jax.configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -16,8 +16,8 @@ both.
 
 import ml_collections
 
-from configs import common
-from configs import default
+from vit_jax.configs import common
+from vit_jax.configs import default
 
 # Fashion-MNIST's classes in its label order: names, then descriptions.
 _CLASSES = (

@@ -19,8 +19,8 @@ seeds and prints the table of docs/recipes.md.
 
 import ml_collections
 
-from configs import common
-from configs import default
+from vit_jax.configs import common
+from vit_jax.configs import default
 
 ARMS = ('pretrain', 'finetune')
 

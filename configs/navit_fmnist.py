@@ -20,8 +20,8 @@ training batches' `packing_efficiency`.
 
 import ml_collections
 
-from configs import common
-from configs import default
+from vit_jax.configs import common
+from vit_jax.configs import default
 
 ARMS = ('navit', 'vit28')
 

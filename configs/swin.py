@@ -14,7 +14,7 @@ The learning rate is a starting point to sweep, as vit.py's.
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 MODELS = {'swin_t': 'Swin-T', 'swin_s': 'Swin-S', 'swin_b': 'Swin-B',
           'testing': 'Swin-testing'}

@@ -10,7 +10,7 @@ token-mixing MLPs fix the resolution of the published checkpoints.
 
 import ml_collections
 
-from configs import common
+from vit_jax.configs import common
 
 MODELS = {
     'ti16': 'ViT-Ti_16', 's16': 'ViT-S_16', 's32': 'ViT-S_32',

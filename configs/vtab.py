@@ -19,7 +19,7 @@ task in `pp.label`.
 
 import ml_collections
 
-from configs import vit
+from vit_jax.configs import vit
 
 # task: (tfds name, val200 split, test split, pp.label). The val200 split
 # starts where task_adaptation's "val" part of the data starts.

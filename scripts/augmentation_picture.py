@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 import tensorflow as tf
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import cli
 from vit_jax import input_pipeline
 from vit_jax import mixing

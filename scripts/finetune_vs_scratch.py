@@ -17,7 +17,7 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from configs import finetune_mnist5k
+from vit_jax.configs import finetune_mnist5k
 from vit_jax import train
 
 flags.DEFINE_string('pretrained_dir', None, 'Workdir of the default job.',

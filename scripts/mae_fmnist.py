@@ -39,7 +39,7 @@ def initial_encoder(seed, path):
   """The ViT without a head at initialization (the loop's init key), as .npz."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from configs import mae_fmnist  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import mae_fmnist  # pylint: disable=g-import-not-at-top
   from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):

@@ -16,7 +16,7 @@ from absl import flags
 from absl import logging
 import tensorflow as tf
 
-from configs import ablation_posemb
+from vit_jax.configs import ablation_posemb
 from vit_jax import train
 
 flags.DEFINE_string('workdir', None, 'One sub-folder per variant.',

@@ -23,8 +23,8 @@ from absl import logging
 import jax
 import tensorflow as tf
 
-from configs import default
-from configs import finetune_mnist5k
+from vit_jax.configs import default
+from vit_jax.configs import finetune_mnist5k
 from scripts import collect_results
 from vit_jax import loop
 from vit_jax import train

@@ -29,8 +29,9 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 
 import numpy as np  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import pytest
+import tensorflow_datasets as tfds
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import input_pipeline
 
 
@@ -60,6 +61,42 @@ def fmnist_dirs(tmp_path_factory):
   """(manual_dir with tiny idx files, tfds data_dir shared by the tests)."""
   manual = fake_fashion_mnist(str(tmp_path_factory.mktemp('fmnist_manual')))
   return manual, str(tmp_path_factory.mktemp('tfds'))
+
+
+CIFAR_NAMES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog',
+               'horse', 'ship', 'truck')
+
+
+def _cifar_batch(path, n, seed):
+  """CIFAR's binary format: a label byte, then 32x32 R, G and B planes; the
+  class is readable from the image (bright row 3 * class)."""
+  rng = np.random.default_rng(seed)
+  records = []
+  for i in range(n):
+    image = rng.integers(0, 100, (3, 32, 32), np.uint8)
+    image[:, 3 * (i % 10)] = 250
+    records.append(bytes([i % 10]) + image.tobytes())
+  path.write_bytes(b''.join(records))
+
+
+@pytest.fixture(scope='session')
+def cifar10_dir(tmp_path_factory):
+  """A tfds data_dir with `cifar10` prepared from fake files: 5 x 16
+  training and 520 test images (the original's notebook evaluates in
+  batches of 512)."""
+  root = tmp_path_factory.mktemp('cifar_download')
+  files = root / 'cifar-10-batches-bin'
+  files.mkdir()
+  (files / 'batches.meta.txt').write_text('\n'.join(CIFAR_NAMES) + '\n')
+  for i in range(1, 6):
+    _cifar_batch(files / f'data_batch_{i}.bin', 16, i)
+  _cifar_batch(files / 'test_batch.bin', 520, 0)
+  data_dir = str(tmp_path_factory.mktemp('tfds'))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(tfds.download.DownloadManager, 'download_and_extract',
+                  lambda self, url: str(root))
+    tfds.builder('cifar10', data_dir=data_dir).download_and_prepare()
+  return data_dir
 
 
 @pytest.fixture

@@ -228,7 +228,7 @@ def test_random_erasing_probability():
 
 
 def _info(config):
-  return input_pipeline.get_dataset_info(
+  return input_pipeline.dataset_info(
       input_pipeline.get_builder(config), config)
 
 

@@ -273,10 +273,12 @@ def test_linear_zoom_is_the_original(old, new, cls):
 
 
 def test_interpolate_posembed_square():
-  pe = _posemb(_quadratic(7, 7))
-  out = checkpoint.interpolate_posembed(pe, 1 + 144, has_class_token=True)
-  np.testing.assert_allclose(out, checkpoint.resize_posemb_grid(
-      pe, new_grid=(12, 12), has_class_token=True))
+  """The original's default: scipy's linear zoom of the grid."""
+  grid = _quadratic(7, 7)
+  out = checkpoint.interpolate_posembed(_posemb(grid), 1 + 144,
+                                        has_class_token=True)
+  ref = scipy.ndimage.zoom(grid, (12 / 7, 12 / 7, 1), order=1)
+  np.testing.assert_allclose(out[0, 1:].reshape(12, 12, 3), ref, rtol=1e-6)
   assert out.shape == (1, 145, 3)
 
 

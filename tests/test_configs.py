@@ -4,12 +4,12 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs import ablation_posemb
-from configs import augreg
-from configs import common
-from configs import default
-from configs import finetune_mnist5k
-from configs import vit
+from vit_jax.configs import ablation_posemb
+from vit_jax.configs import augreg
+from vit_jax.configs import common
+from vit_jax.configs import default
+from vit_jax.configs import finetune_mnist5k
+from vit_jax.configs import vit
 from vit_jax import config_checks
 from vit_jax import models
 from vit_jax import mixing

@@ -106,7 +106,7 @@ def test_bad_distill_settings(teacher, fmnist_dirs, tmp_path):
 def test_deit_fmnist_arms_run(fmnist_dirs, tmp_path):
   """configs/deit_fmnist.py: the teacher, then each arm, as short jobs on
   tiny offline data; each writes results.json."""
-  from configs import deit_fmnist  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import deit_fmnist  # pylint: disable=g-import-not-at-top
   for arm in ('teacher', 'plain', 'augreg', 'deit'):
     config = deit_fmnist.get_config(arm).unlock()
     config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs

@@ -17,7 +17,7 @@ from vit_jax import preprocess
 
 
 def _info(config):
-  return input_pipeline.get_dataset_info(
+  return input_pipeline.dataset_info(
       input_pipeline.get_builder(config), config)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import helpers
 from conftest import make_tiny_config
-from configs import mae_fmnist
+from vit_jax.configs import mae_fmnist
 from vit_jax import checkpoint
 from vit_jax import models
 from vit_jax import models_mae

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import FAST_COMPILE
-from configs import default
+from vit_jax.configs import default
 from vit_jax import input_pipeline
 
 pytestmark = pytest.mark.xdist_group('multihost')  # one `reference` run

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from configs import navit_fmnist
+from vit_jax.configs import navit_fmnist
 from vit_jax import input_pipeline
 from vit_jax import loop
 from vit_jax import packing
@@ -32,7 +32,7 @@ def _config(fmnist_dirs, arm='navit', steps=40):
 
 
 def _info(config):
-  return input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+  return input_pipeline.dataset_info(input_pipeline.get_builder(config),
                                          config)
 
 

@@ -109,7 +109,7 @@ def test_chips_are_the_published_figures():
 
 def _small_vit_config(strategy='replicate'):
   """A 3-block ViT whose products dominate its FLOPs, blocks scanned."""
-  from configs import common  # pylint: disable=import-outside-toplevel
+  from vit_jax.configs import common  # pylint: disable=import-outside-toplevel
   config = common.with_model(common.get_config(), 'small', dict(
       patches=dict(size=(4, 4)), hidden_size=128, classifier='token',
       representation_size=None, posemb='learn', dtype='float32',

@@ -4,7 +4,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import input_pipeline
 from vit_jax.evaluators import classification
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs import default
+from vit_jax.configs import default
 from vit_jax import checkpoint
 from vit_jax import config_checks
 from vit_jax import convert

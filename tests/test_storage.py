@@ -106,7 +106,7 @@ def test_image_folder_in_a_bucket(bucket, tiny_config):
         with tf.io.gfile.GFile(f'{folder}/{i}.png', 'wb') as f:
           f.write(png.numpy())
   tiny_config.dataset = f'{bucket}/images'
-  info = input_pipeline.get_dataset_info(
+  info = input_pipeline.dataset_info(
       input_pipeline.get_builder(tiny_config), tiny_config)
   assert (info.num_classes, info.num_train, info.num_test) == (3, 12, 12)
   batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=8))

@@ -83,7 +83,7 @@ def test_learns(tiny_config, tmp_path):
   tiny_config.pp.flip = False
   tiny_config.checkpoint_every = 0
   tiny_config.progress_every = 20
-  info = input_pipeline.get_dataset_info(
+  info = input_pipeline.dataset_info(
       input_pipeline.get_builder(tiny_config), tiny_config)
   params = train.train_and_evaluate(tiny_config, str(tmp_path))
   model = classification.make_model(tiny_config, 10)

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from configs import lit_fmnist
+from vit_jax.configs import lit_fmnist
 from tests import helpers
 from vit_jax import caption_data
 from vit_jax import checkpoint
@@ -192,7 +192,7 @@ def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):
     ref.append(mean / np.linalg.norm(mean))
   np.testing.assert_allclose(classes, np.stack(ref), atol=1e-5)
 
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+  info = input_pipeline.dataset_info(input_pipeline.get_builder(config),
                                          config)
   settings = config.evals.zeroshot.copy_and_resolve_references()
   settings.templates = templates

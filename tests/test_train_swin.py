@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny_config
-from configs import common
-from configs import swin
+from vit_jax.configs import common
+from vit_jax.configs import swin
 from vit_jax import config_checks
 from vit_jax import models
 from vit_jax import train

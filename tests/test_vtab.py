@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from configs import vtab
+from vit_jax.configs import vtab
 from vit_jax import config_checks
 from vit_jax import task_labels
 

@@ -72,7 +72,7 @@ def check_class_captions(config):
   lit = config.lit
   if has_captions_file(config) or lit.text_key:
     return
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+  info = input_pipeline.dataset_info(input_pipeline.get_builder(config),
                                          config)
   if not lit.class_captions:
     raise ValueError('No captions: give config.dataset a folder with '

@@ -11,9 +11,11 @@ import os
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from etils import epath
 from flax import traverse_util
 import jax
 import numpy as np
+import tqdm.auto as tqdm
 
 from vit_jax import model_configs
 from vit_jax import models
@@ -307,6 +309,35 @@ def load_params(path,
                    resize_method, new_grid=new_grid, old_grid=old_grid)
   return inspect_params(params=params, expected=init_params,
                         source=f'Checkpoint {path}')
+
+
+# The original release's helpers.
+
+
+def recover_tree(keys, values) -> Params:
+  """The nested dict of flat '/'-separated `keys` and their `values`."""
+  return traverse_util.unflatten_dict(
+      {tuple(k.split('/')): v for k, v in zip(keys, values)})
+
+
+def copy(src, dst, progress: bool = True, block_size: int = 10 << 20):
+  """Copies the file `src` to `dst` (local, gs://) in blocks, with a
+  progress bar."""
+  src, dst = epath.Path(src), epath.Path(dst)
+  blocks = -(-src.stat().length // block_size)
+  with src.open('rb') as fin, dst.open('wb') as fout:
+    for _ in (tqdm.trange(blocks) if progress else range(blocks)):
+      fout.write(fin.read(block_size))
+
+
+def get_augreg_df(directory='gs://vit_models/augreg'):
+  """The pandas DataFrame of `{directory}/index.csv`, which describes the
+  AugReg checkpoints ("How to train your ViT?"): one row per pre-trained
+  (`filename`) and fine-tuned (`adapt_filename`) pair, with their settings
+  and accuracies (`final_val`, `adapt_final_test`, ...)."""
+  import pandas as pd  # pylint: disable=g-import-not-at-top  (only here)
+  with epath.Path(directory, 'index.csv').open() as f:
+    return pd.read_csv(f)
 
 
 def load_pretrained(*,

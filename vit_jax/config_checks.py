@@ -9,6 +9,7 @@ import os
 
 from absl import logging
 
+from vit_jax import checkpoint
 from vit_jax import cli
 from vit_jax import models
 from vit_jax import models_swin
@@ -26,12 +27,34 @@ PLANNED = ('train', 'classification', 'mae')
 
 
 def pretrained_path(config):
-  """`pretrained_path`, else `{pretrained_dir}/{model_name}.npz`, else None."""
+  """`pretrained_path`, else `{pretrained_dir}/{model_name}.npz` (an AugReg
+  checkpoint's name with `model_or_filename`), else None."""
   if config.pretrained_path:
     return config.pretrained_path
   if config.pretrained_dir:
-    return storage.join(config.pretrained_dir, f'{config.model_name}.npz')
+    name = config.model_name
+    if config.get('model_or_filename'):
+      name = augreg_filename(config.pretrained_dir, config.model_or_filename)
+    return storage.join(config.pretrained_dir, f'{name}.npz')
   return None
+
+
+def augreg_filename(directory, model_or_filename: str) -> str:
+  """A filename as is; for a model ('R_Ti_16'), its i21k pre-training of
+  the best final validation accuracy in `{directory}/index.csv`, as the
+  original chose."""
+  if '-' in model_or_filename:
+    return model_or_filename
+  df = checkpoint.get_augreg_df(directory=directory)
+  mine = df[(df.filename.str.split('-').str[0] == model_or_filename) &
+            (df.ds == 'i21k')]
+  if mine.empty:
+    raise ValueError(f'{directory}/index.csv lists no i21k checkpoint of '
+                     f'{model_or_filename!r}.')
+  best = mine.sort_values('final_val').iloc[-1]
+  logging.info('AugReg checkpoint %s for %s (final_val %.3f)', best.filename,
+               model_or_filename, best.final_val)
+  return best.filename
 
 
 def validate(config, num_devices_data: int):

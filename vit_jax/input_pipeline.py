@@ -15,6 +15,7 @@ from typing import Iterator
 
 from etils import epath
 import filelock
+import flax
 import jax
 import numpy as np
 import tensorflow as tf
@@ -118,7 +119,8 @@ def _folder_parts(builder, split: str):
            else part.to) for part in parts]
 
 
-def get_dataset_info(builder, config) -> DatasetInfo:
+def dataset_info(builder, config) -> DatasetInfo:
+  """Sizes, classes and channels of `config`'s train and test splits."""
   num_examples = {}
   for split in (config.pp.train, config.pp.test):
     try:
@@ -287,10 +289,19 @@ def shuffled_stream(base, n: int, config, *, batch_size: int,
 
 def train_iterator(info: DatasetInfo, config, *, batch_size: int,
                    start_step: int = 0, rows=None) -> Iterator[dict]:
-  """Yields this process's rows of the global training batches.
+  """Yields this process's rows of the global training batches, as numpy
+  (`train_dataset`'s)."""
+  ds = train_dataset(info, config, batch_size=batch_size,
+                     start_step=start_step, rows=rows)
+  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+
+
+def train_dataset(info: DatasetInfo, config, *, batch_size: int,
+                  start_step: int = 0, rows=None) -> tf.data.Dataset:
+  """This process's rows of the global training batches.
 
   Args:
-    info: from `get_dataset_info`.
+    info: from `dataset_info`.
     config: the experiment config (pp, shuffle_buffer, seed, prefetch).
     batch_size: examples per global batch.
     start_step: batches already consumed (when resuming).
@@ -308,8 +319,8 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
             'label': tf.one_hot(label, info.num_classes)}
 
   ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(batch_size if rows is None else len(rows), drop_remainder=True)
-  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+  return ds.batch(batch_size if rows is None else len(rows),
+                  drop_remainder=True)
 
 
 def eval_example(features, *, info: DatasetInfo, pp):
@@ -366,3 +377,67 @@ def host_batch_size(global_batch: int) -> int:
     raise ValueError(f'Batch {global_batch} is not divisible by the '
                      f'{jax.process_count()} processes.')
   return global_batch // jax.process_count()
+
+
+# The original release's functions, over the pipelines above.
+
+
+def get_dataset_info(dataset: str, split: str) -> dict:
+  """The original's: `num_examples`, `num_classes`, `int2str` and
+  `examples_glob` of `split` of a tfds name (its default data_dir) or of a
+  folder holding `{split}/<class>/<image>`."""
+  directory = os.path.join(dataset, split)
+  folder = os.path.isdir(directory)
+  builder = tfds.ImageFolder(dataset) if folder else tfds.builder(dataset)
+  label = builder.info.features['label']
+  return dict(num_examples=_num_examples(builder, split),
+              num_classes=label.num_classes, int2str=label.int2str,
+              examples_glob=f'{directory}/*/*' if folder else None)
+
+
+def get_data_from_tfds(*, config, mode: str) -> tf.data.Dataset:
+  """The original's: `mode` ('train': `pp.train`, repeated; 'test':
+  `pp.test` once, the remainder of `batch_eval` dropped) as batches of
+  [local devices, batch / devices, crop, crop, 3] images in [-1, 1] and
+  one-hot labels. The training stream is the loop's (`train_dataset`)."""
+  if mode not in ('train', 'test'):
+    raise ValueError(f"mode={mode!r}; expected 'train' or 'test'.")
+  info = dataset_info(get_builder(config), config)
+  if mode == 'train':
+    ds = train_dataset(info, config, batch_size=config.batch)
+  else:
+    ds = _read_process_share(info.builder, config.pp.test).map(
+        functools.partial(eval_example, info=info, pp=config.pp),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(config.batch_eval, drop_remainder=True)
+  devices = jax.local_device_count()
+  return ds.map(lambda batch: {
+      k: tf.reshape(batch[k], tf.concat([[devices, -1],
+                                         tf.shape(batch[k])[1:]], 0))
+      for k in ('image', 'label')}).prefetch(1)
+
+
+def get_data_from_directory(*, config, directory: str, mode: str):
+  """The original's: as `get_data_from_tfds`, from the images in
+  `directory` (`<class>/<image>` files), a split of the folder above it."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.dataset = os.path.dirname(os.path.normpath(directory))
+    config.pp[mode] = os.path.basename(os.path.normpath(directory))
+  return get_data_from_tfds(config=config, mode=mode)
+
+
+def get_datasets(config):
+  """The original's (ds_train, ds_test) of `config.dataset`."""
+  return (get_data_from_tfds(config=config, mode='train'),
+          get_data_from_tfds(config=config, mode='test'))
+
+
+def prefetch(dataset, n_prefetch: int):
+  """The original's: numpy batches of `dataset`, `n_prefetch` of them put on
+  the local devices ahead (`flax.jax_utils.prefetch_to_device`)."""
+  batches = map(lambda x: jax.tree.map(np.asarray, x),
+                tfds.as_numpy(dataset))
+  if n_prefetch:
+    batches = flax.jax_utils.prefetch_to_device(batches, n_prefetch)
+  return batches

@@ -19,6 +19,11 @@ from vit_jax import models_vit
 from vit_jax.model_configs import MODEL_CONFIGS
 
 VisionTransformer = models_vit.VisionTransformer
+# The original's building blocks, by its names.
+AddPositionEmbs = models_vit.AddPositionEmbs
+MlpBlock = models_vit.MlpBlock
+Encoder1DBlock = models_vit.Encoder1DBlock
+Encoder = models_vit.Encoder
 MlpMixer = models_mixer.MlpMixer
 LitModel = models_lit.LitModel
 ResNetV2 = models_resnet.ResNetV2

@@ -113,8 +113,9 @@ def antialias_weights(old: int, new: int) -> np.ndarray:
 
 
 def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
-                         method: str = 'bicubic') -> np.ndarray:
-  """Resizes a square-grid (1, N, D) position embedding to `num_tokens`.
+                         method: str = 'linear_zoom') -> np.ndarray:
+  """Resizes a square-grid (1, N, D) position embedding to `num_tokens`:
+  the original's function, by default with its scipy zoom.
 
   The class token, if any, counts in both N and `num_tokens`; see
   `resize_posemb_grid`.

@@ -323,3 +323,18 @@ def load_transform(npz_path) -> Optional[Dict[str, Any]]:
     return json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise ValueError(f'{path} is not valid JSON: {e}') from e
+
+
+# The original's `vit_jax.preprocess` held LiT's text and image pipelines;
+# they need TensorFlow, so they load from `tokenizers` when asked for.
+_ORIGINAL = {'get_tokenizer': 'tokenizer_class', 'get_pp': 'get_pp',
+             'PreprocessImages': 'PreprocessImages',
+             'BertTokenizer': 'BertTokenizer',
+             'SentencepieceTokenizer': 'SentencepieceTokenizer'}
+
+
+def __getattr__(name):
+  if name not in _ORIGINAL:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  from vit_jax import tokenizers  # pylint: disable=g-import-not-at-top
+  return getattr(tokenizers, _ORIGINAL[name])

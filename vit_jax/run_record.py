@@ -19,7 +19,7 @@ from vit_jax import storage
 CONFIG = 'config.json'
 # May differ on resume: they do not change the trained parameters.
 FREE_KEYS = frozenset((
-    'evals', 'batch_eval', 'checkpoint_every', 'max_to_keep', 'mesh',
+    'evals', 'eval_every', 'batch_eval', 'checkpoint_every', 'max_to_keep', 'mesh',
     'sharding_rules', 'sharding_strategy', 'prefetch', 'progress_bar',
     'progress_every', 'tfds_data_dir', 'tfds_download', 'tfds_manual_dir',
     'pretrained_dir', 'pretrained_path'))

@@ -9,14 +9,18 @@
 
 Both run offline on the CPU: HuggingFace `tokenizers` (WordPiece) and
 `sentencepiece`, the libraries' own implementations of the two algorithms.
+The original's tf.data forms follow them: each tokenizer's `preprocess_tf`,
+`PreprocessImages` and `get_pp`.
 """
 
+import dataclasses
 import io
 from typing import Iterable, Sequence
 
 from etils import epath
 import numpy as np
 import sentencepiece as spm
+import tensorflow as tf
 from tokenizers import Tokenizer
 from tokenizers import models as tok_models
 from tokenizers import normalizers
@@ -40,7 +44,17 @@ def _check_texts(texts) -> Sequence[str]:
   return [t.decode() if isinstance(t, bytes) else str(t) for t in texts]
 
 
-class BertTokenizer:
+class _GraphForm:
+  """`preprocess_tf(text)`: one text's tokens inside a tf.data pipeline."""
+
+  max_len: int
+
+  def preprocess_tf(self, text):
+    tokens = tf.numpy_function(lambda t: self([t])[0], [text], tf.int32)
+    return tf.ensure_shape(tokens, [self.max_len])
+
+
+class BertTokenizer(_GraphForm):
   """BERT WordPiece with [CLS] prepended, to (n, max_len) int32."""
 
   def __init__(self, vocab_path: str, max_len: int):
@@ -71,7 +85,7 @@ class BertTokenizer:
     return out
 
 
-class SentencepieceTokenizer:
+class SentencepieceTokenizer(_GraphForm):
   """SentencePiece with a sticky </s> last, to (n, max_len) int32."""
 
   def __init__(self, vocab_path: str, max_len: int):
@@ -94,15 +108,65 @@ class SentencepieceTokenizer:
     return out
 
 
-def get_tokenizer(name: str, vocab_path: str, max_len: int):
-  """The tokenizer `name` ('bert' or 'sentencepiece') of a vocabulary file."""
+def tokenizer_class(name: str):
+  """The tokenizer class `name` ('bert' or 'sentencepiece'); the original's
+  `preprocess.get_tokenizer`."""
   if name not in TOKENIZERS:
     raise ValueError(f'Unknown tokenizer {name!r}; expected one of '
                      f'{TOKENIZERS}.')
+  return BertTokenizer if name == 'bert' else SentencepieceTokenizer
+
+
+def get_tokenizer(name: str, vocab_path: str, max_len: int):
+  """The tokenizer `name` ('bert' or 'sentencepiece') of a vocabulary file."""
+  cls = tokenizer_class(name)
   if max_len < 2:
     raise ValueError(f'max_len={max_len} leaves no room for a token.')
-  cls = BertTokenizer if name == 'bert' else SentencepieceTokenizer
   return cls(vocab_path, max_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessImages:
+  """LiT's images: resized to `size` x `size` (bilinear; with `crop`, the
+  short side to `size`, then a central crop), values in [-1, 1]; as the
+  original's. `preprocess_tf` takes one uint8 image in a tf.data pipeline,
+  a call a list of images (numpy)."""
+  size: int
+  crop: bool = False
+
+  def preprocess_tf(self, image):
+    if self.crop:
+      shape = tf.cast(tf.shape(image)[:2], tf.float32)
+      hw = tf.cast(tf.round(shape * self.size / tf.reduce_min(shape)),
+                   tf.int32)
+      image = tf.image.resize(image, hw, method='bilinear')
+      top, left = (hw[0] - self.size) // 2, (hw[1] - self.size) // 2
+      image = image[top:top + self.size, left:left + self.size]
+    else:
+      image = tf.image.resize(image, [self.size, self.size], method='bilinear')
+    # Back to uint8 first, as the original: its values, rounding included.
+    return tf.cast(tf.cast(image, tf.uint8), tf.float32) / 255 * 2 - 1
+
+  def __call__(self, images) -> np.ndarray:
+    return np.stack([self.preprocess_tf(tf.constant(image)).numpy()
+                     for image in images])
+
+
+def get_pp(*, tokenizer_name, vocab_path, max_len, size, crop=False):
+  """The original's tf.data map function: feature 'image' resized
+  (`PreprocessImages`), feature 'text' tokenized into 'tokens'."""
+  tokenizer = get_tokenizer(tokenizer_name, vocab_path, max_len)
+  images = PreprocessImages(size=size, crop=crop)
+
+  def pp(features):
+    features = dict(features)
+    if 'image' in features:
+      features['image'] = images.preprocess_tf(features['image'])
+    if 'text' in features:
+      features['tokens'] = tokenizer.preprocess_tf(features['text'])
+    return features
+
+  return pp
 
 
 def train_sentencepiece(texts: Iterable[str], path: str,

@@ -8,11 +8,16 @@ or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 'zeroshot' run only that type of evaluator).
 """
 
+import jax
+import optax
+
 from vit_jax import config_checks
 from vit_jax import loop
 from vit_jax import models
 from vit_jax import run_record
 from vit_jax import sharding
+from vit_jax import utils
+from vit_jax.evaluators import classification as classification_eval
 from vit_jax.tasks import classification
 from vit_jax.tasks import distillation
 from vit_jax.tasks import lit
@@ -59,6 +64,9 @@ def train_and_evaluate(config, workdir, *, allow_config_change=False):
   `allow_config_change`; a run that fails before its first checkpoint
   leaves no workdir behind if it made it.
   """
+  if not config.accum_steps:  # the original's 0: no accumulation
+    config = config.copy_and_resolve_references()
+    config.accum_steps = 1
   with run_record.removed_if_failed(workdir):
     if config.trainer in EVALUATIONS:
       return evaluate(config, workdir)
@@ -70,3 +78,32 @@ def evaluate(config, workdir):
   """Metrics of a checkpoint, no training; writes `{workdir}/results.json`."""
   task = make_task(config, workdir, training=False)
   return loop.evaluate(task, config, workdir, EVALUATIONS.get(config.trainer))
+
+
+def make_update_fn(*, apply_fn, accum_steps, tx):
+  """The original's data-parallel update, `jax.pmap`ped over the local
+  devices (axis 'batch'): (params, opt_state, batch, rng) -> (params,
+  opt_state, loss, rng), batches as `input_pipeline.get_data_from_tfds`
+  gives them. The loss is the classification task's (softmax cross-entropy),
+  averaged over `accum_steps` micro-batches (`utils.accumulate_gradient`)
+  and over the devices; `tx` (optax) updates the parameters."""
+
+  def update_fn(params, opt_state, batch, rng):
+    _, new_rng = jax.random.split(rng)
+    # Each device its own dropout (the index is unique across hosts).
+    dropout_rng = jax.random.fold_in(rng, jax.lax.axis_index('batch'))
+
+    def loss_fn(params, images, labels):
+      logits = apply_fn({'params': params}, rngs={'dropout': dropout_rng},
+                        inputs=images, train=True)
+      return classification_eval.loss_fn(logits, labels,
+                                         'softmax_xent').mean()
+
+    loss, grads = utils.accumulate_gradient(
+        jax.value_and_grad(loss_fn), params, batch['image'], batch['label'],
+        accum_steps)
+    loss, grads = jax.lax.pmean((loss, grads), axis_name='batch')
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, new_rng
+
+  return jax.pmap(update_fn, axis_name='batch', donate_argnums=(0,))

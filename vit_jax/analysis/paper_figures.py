@@ -35,7 +35,7 @@ def dataset_images(config, size, count):
   """The first `count` test images of `config.dataset`, at `size` px."""
   config = config.copy_and_resolve_references().unlock()
   config.pp.crop, config.pp.resize = size, None
-  info = input_pipeline.get_dataset_info(input_pipeline.get_builder(config),
+  info = input_pipeline.dataset_info(input_pipeline.get_builder(config),
                                          config)
   batch = next(input_pipeline.eval_batches(info, config, batch_size=count))
   return batch['image'][batch['mask'] > 0]

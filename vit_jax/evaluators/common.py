@@ -50,7 +50,7 @@ def split_data(config, dataset, split):
   data = config.copy_and_resolve_references().unlock()
   data.dataset = dataset or config.dataset
   data.pp.train = data.pp.test = split or config.pp.test
-  return (input_pipeline.get_dataset_info(input_pipeline.get_builder(data),
+  return (input_pipeline.dataset_info(input_pipeline.get_builder(data),
                                           data), data)
 
 

@@ -40,7 +40,7 @@ class Task:
     self.info = info
     if info is None and (training or
                          not config_checks.pretrained_path(config)):
-      self.info = input_pipeline.get_dataset_info(
+      self.info = input_pipeline.dataset_info(
           input_pipeline.get_builder(config), config)
     if self.info is not None:
       num_classes = self.info.num_classes

@@ -134,7 +134,7 @@ class Task:
     self.grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
     self.num_patches = self.grid[0] * self.grid[1]
     models_mae.num_kept(self.num_patches, self.settings.mask_ratio)  # checks
-    self.info = info or input_pipeline.get_dataset_info(
+    self.info = info or input_pipeline.dataset_info(
         input_pipeline.get_builder(config), config)
     self.model = models_mae.MaskedAutoencoder(
         encoder=encoder, decoder=dict(self.settings.decoder))

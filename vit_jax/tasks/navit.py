@@ -336,7 +336,7 @@ class Task:
     self.model = models_navit.NaViT(num_classes=None, **model)
     sizes = sampling(config)  # checks the ranges
     self._check_sizes(sizes)
-    self.info = input_pipeline.get_dataset_info(
+    self.info = input_pipeline.dataset_info(
         input_pipeline.get_builder(config), config)
     self.model = self.model.clone(num_classes=self.info.num_classes)
     self.evaluators = [PackedEvaluator(config, self.info, mesh, self.model)]
