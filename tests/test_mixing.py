@@ -11,10 +11,10 @@ import optax
 import pytest
 from flax.training import train_state
 
+from vit_jax import losses
 from vit_jax import mixing
 from vit_jax import sharding
 from vit_jax import train
-from vit_jax.evaluators import classification as classification_eval
 from vit_jax.tasks import classification
 
 B, H, W, C, K = 8, 12, 10, 3, 5
@@ -193,7 +193,7 @@ def _todays_step(state, batch, *, rng, loss):
   def compute_loss(params):
     logits = state.apply_fn({'params': params}, batch['image'], train=True,
                             rngs={'dropout': dropout_rng})
-    return classification_eval.loss_fn(logits, batch['label'], loss).mean()
+    return losses.classification(logits, batch['label'], loss).mean()
 
   value, grads = jax.value_and_grad(compute_loss)(state.params)
   return state.apply_gradients(grads=grads), {'loss': value}

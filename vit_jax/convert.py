@@ -526,7 +526,7 @@ def _convertible_presets() -> list:
 
 def _preset_dims(name: str) -> Dict[str, Any]:
   config = models.MODEL_CONFIGS[name]
-  if name.startswith('Mixer-'):
+  if models.model_class(name) is models.MlpMixer:
     return dict(width=config.hidden_dim, depth=config.num_blocks,
                 patch=tuple(config.patches.size),
                 tokens_mlp_dim=config.tokens_mlp_dim,

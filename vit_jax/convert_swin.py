@@ -211,17 +211,20 @@ def preset(flat: Flat, model_name: Optional[str] = None) -> str:
   differ: the tables are resized), else the one of the same window."""
   have = dims(flat)
 
+  def is_swin(name):
+    return model_configs.family(name).model == 'SwinTransformer'
+
   def fits(name):
     config = model_configs.MODEL_CONFIGS[name]
     return all(tuple(np.atleast_1d(config[k])) == tuple(np.atleast_1d(
         have[k])) for k in _SHAPE)
 
   if model_name is not None:
-    if not model_name.startswith('Swin-') or not fits(model_name):
+    if not is_swin(model_name) or not fits(model_name):
       raise ValueError(f'The weights are a Swin with {have}, which preset '
                        f'{model_name} is not.')
     return model_name
-  found = [n for n in model_configs.MODEL_CONFIGS if n.startswith('Swin-')
+  found = [n for n in model_configs.MODEL_CONFIGS if is_swin(n)
            and fits(n) and model_configs.MODEL_CONFIGS[n].window_size ==
            have['window_size']]
   if not found:

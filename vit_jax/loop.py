@@ -129,7 +129,7 @@ def jit_train_step(task, config, mesh, shardings, platform=None):
   rng = jax.random.split(jax.random.key(config.seed))[1]
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   train_step = target.traced_for(platform or mesh, task.train_step)
-  frozen = getattr(task, 'frozen', None)
+  frozen = task.frozen
   if frozen is None:
     return jax.jit(functools.partial(train_step, rng=rng),
                    in_shardings=(shardings, sharding.batch_sharding(mesh)),
@@ -297,11 +297,8 @@ def _finish(config, workdir, params, result, seconds, evaluators):
 
 def exported(task):
   """(model, params -> its params): what the evaluators see and the .npz
-  holds. A task's `exported_model` and `exported_params` (MAE: its encoder
-  alone), else its model and all its parameters."""
-  if hasattr(task, 'exported_params'):
-    return task.exported_model, task.exported_params
-  return task.model, lambda params: params
+  holds (MAE: its encoder alone)."""
+  return task.exported_model, task.exported_params
 
 
 def _writer(workdir):
@@ -351,7 +348,7 @@ def run(task, config, workdir):
   mesh = task.mesh
   model, view = exported(task)
   evaluators = registry.from_config(config, task=task, model=model, mesh=mesh)
-  evaluators += getattr(task, 'evaluators', [])  # the task's own, if any
+  evaluators += list(task.evaluators)  # the task's own, if any
   manager = make_manager(config, workdir, config.max_to_keep)
   state, shardings, start = create_state(task, config, mesh, manager)
   if start >= config.total_steps:
@@ -377,8 +374,7 @@ def run(task, config, workdir):
   if step == config.total_steps:
     _finish(config, workdir, view(state.params), result,
             time.perf_counter() - t_start, evaluators)
-    if hasattr(task, 'finish'):  # what a task writes at the end (a picture)
-      task.finish(state.params, workdir)
+    task.finish(state.params, workdir)  # e.g. MAE's picture
   else:
     print(f'Preempted: saved step {step} to {manager.directory}; rerun the '
           'same command to continue.', flush=True)
@@ -416,7 +412,7 @@ def evaluate(task, config, workdir, types=None):
     evaluators = registry.from_config(config, task=task, model=model,
                                       mesh=task.mesh, types=('fewshot',))
   if types is None:  # the evaluators training runs, the task's own too
-    evaluators += getattr(task, 'evaluators', [])
+    evaluators += list(task.evaluators)
   params = jax.device_put(params, sharding.tree_shardings(
       params, task.mesh, config.sharding_rules, config.sharding_strategy))
   writer = _writer(workdir)

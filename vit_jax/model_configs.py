@@ -1,10 +1,9 @@
-"""Model presets, by the original release's names (e.g. 'ViT-B_16').
-
-`models.get_model` builds an MlpMixer for names starting with 'Mixer-', a
-LitModel for 'LiT-', a ResNetV2 for 'BiT-', a SwinTransformer for 'Swin-'
-and a VisionTransformer otherwise.
+"""Model presets, by the original release's names (e.g. 'ViT-B_16'), and
+their families (`FAMILIES`: by name prefix, the model class that builds
+them and whose weights they load).
 """
 
+import dataclasses
 from typing import Optional
 
 import ml_collections
@@ -271,18 +270,55 @@ def _lit(name, image, out_dim, text_model, text):
   })
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """The presets whose names start with `prefix`.
+
+  Attributes:
+    prefix: '' for every name no other family claims (ViTs, hybrids).
+    model: the class in `vit_jax.models` that builds them.
+    weights: whose published weights they load: 'google' (inputs in
+      [-1, 1], position tables resized bicubic) or 'timm' (ImageNet's mean
+      and std, timm's antialiased bicubic).
+    native: the image side of the published weights; None for a model
+      that takes any (or a fixed token count).
+  """
+  prefix: str
+  model: str
+  weights: str = 'google'
+  native: Optional[int] = 224
+
+
+# The families, registered once; the first whose prefix matches wins.
+FAMILIES = (
+    Family('LiT-', 'LitModel', native=None),
+    Family('BiT-', 'ResNetV2', native=None),
+    Family('Mixer-', 'MlpMixer', native=None),
+    Family('Swin-', 'SwinTransformer', 'timm'),
+    Family('DeiT-', 'VisionTransformer', 'timm'),
+    Family('DeiT3-', 'VisionTransformer', 'timm'),
+    Family('DINOv2-', 'VisionTransformer', 'timm', native=518),
+    Family('MAE-', 'VisionTransformer', 'timm'),
+    Family('', 'VisionTransformer'),
+)
+
+
+def family(name: str) -> Family:
+  """The family of a preset or custom model name."""
+  return next(f for f in FAMILIES if name.startswith(f.prefix))
+
+
 # Pixel mean and std (of pixels in [0, 1]) that a preset's weights expect:
 # Google's checkpoints take [-1, 1]; timm's ImageNet's statistics. The
 # models never normalize; the data pipelines, predict and analysis do.
 NORMALIZATIONS = {'google': ((0.5,) * 3, (0.5,) * 3),
                   'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
-_TIMM_PREFIXES = ('DeiT-', 'DeiT3-', 'DINOv2-', 'MAE-', 'Swin-')
 
 
 def weights_source(name: str) -> str:
   """'timm' for the presets of timm's weights (DeiT, DeiT III, DINOv2,
   MAE, Swin), else 'google'."""
-  return 'timm' if name.startswith(_TIMM_PREFIXES) else 'google'
+  return family(name).weights
 
 
 def input_normalization(name: str):
@@ -299,13 +335,11 @@ def posemb_resize_method(name: str) -> str:
 
 def native_resolution(name: str) -> Optional[int]:
   """The image side of the preset's published weights (DINOv2: 518 px,
-  Swin-B_384: 384 px, other ViTs and Swins 224 px); None for other models
+  '..._384': 384 px, other ViTs and Swins 224 px); None for other models
   and custom names."""
-  if name not in MODEL_CONFIGS or name.startswith(('Mixer-', 'LiT-', 'BiT-')):
+  if name not in MODEL_CONFIGS or family(name).native is None:
     return None
-  if name == 'Swin-B_384':
-    return 384
-  return 518 if name.startswith('DINOv2-') else 224
+  return 384 if name.endswith('_384') else family(name).native
 
 
 class UnknownPreset(KeyError, ValueError):

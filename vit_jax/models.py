@@ -28,14 +28,13 @@ MlpMixer = models_mixer.MlpMixer
 LitModel = models_lit.LitModel
 ResNetV2 = models_resnet.ResNetV2
 SwinTransformer = models_swin.SwinTransformer
+CLASSES = {cls.__name__: cls for cls in (VisionTransformer, MlpMixer,
+                                         LitModel, ResNetV2, SwinTransformer)}
 
 
 def get_model(name: str, **kw) -> nn.Module:
-  """Returns the model for preset `name`; `kw` overrides its config.
-
-  Names starting with 'Mixer-' are MlpMixers, 'LiT-' LitModels, 'BiT-'
-  ResNetV2s, 'Swin-' SwinTransformers, all others VisionTransformers.
-  """
+  """Returns the model for preset `name`; `kw` overrides its config. The
+  class is its family's (`model_configs.FAMILIES`)."""
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
   return model_class(name)(**config)
 
@@ -50,14 +49,8 @@ def token_grid(config):
 
 
 def model_class(name: str):
-  """The model family of a preset or custom model name."""
-  if name.startswith('LiT-'):
-    return LitModel
-  if name.startswith('BiT-'):
-    return ResNetV2
-  if name.startswith('Swin-'):
-    return SwinTransformer
-  return MlpMixer if name.startswith('Mixer-') else VisionTransformer
+  """The model class of a preset or custom model name (its family's)."""
+  return CLASSES[model_configs.family(name).model]
 
 
 def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
@@ -74,7 +67,7 @@ def count_params(model: nn.Module, image_shape=(1, 224, 224, 3)) -> int:
 
 def _main(argv):
   del argv
-  if FLAGS.name.startswith('LiT-'):
+  if model_class(FLAGS.name) is LitModel:
     print(f'{FLAGS.name}: {count_params(get_model(FLAGS.name)):,} parameters')
     return
   model = get_model(FLAGS.name, num_classes=FLAGS.num_classes)

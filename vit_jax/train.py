@@ -13,11 +13,11 @@ import optax
 
 from vit_jax import config_checks
 from vit_jax import loop
+from vit_jax import losses
 from vit_jax import models
 from vit_jax import run_record
 from vit_jax import sharding
 from vit_jax import utils
-from vit_jax.evaluators import classification as classification_eval
 from vit_jax.tasks import classification
 from vit_jax.tasks import distillation
 from vit_jax.tasks import lit
@@ -96,8 +96,7 @@ def make_update_fn(*, apply_fn, accum_steps, tx):
     def loss_fn(params, images, labels):
       logits = apply_fn({'params': params}, rngs={'dropout': dropout_rng},
                         inputs=images, train=True)
-      return classification_eval.loss_fn(logits, labels,
-                                         'softmax_xent').mean()
+      return losses.classification(logits, labels, 'softmax_xent').mean()
 
     loss, grads = utils.accumulate_gradient(
         jax.value_and_grad(loss_fn), params, batch['image'], batch['label'],

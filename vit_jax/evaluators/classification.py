@@ -8,19 +8,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 
+from vit_jax import losses
 from vit_jax.evaluators import common
-
-LOSSES = ('softmax_xent', 'sigmoid_xent')
-
-
-def loss_fn(logits, labels, kind: str):
-  """Per-example loss: softmax or sigmoid cross-entropy."""
-  if kind == 'sigmoid_xent':
-    return optax.sigmoid_binary_cross_entropy(logits, labels).sum(-1)
-  return optax.softmax_cross_entropy(logits, labels)
-
 
 def eval_step(params, batch, *, apply_fn, loss: str):
   """Masked clu averages of correctness and loss."""
@@ -31,7 +21,7 @@ def eval_step(params, batch, *, apply_fn, loss: str):
   if loss == 'softmax_xent':  # a set of k labels: 1/k each
     labels = labels / jnp.maximum(labels.sum(-1, keepdims=True), 1)
   return {'accuracy': common.masked_average(correct, batch['mask']),
-          'loss': common.masked_average(loss_fn(logits, labels, loss),
+          'loss': common.masked_average(losses.classification(logits, labels, loss),
                                         batch['mask'])}
 
 

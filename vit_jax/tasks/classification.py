@@ -9,9 +9,10 @@ from vit_jax import checkpoint
 from vit_jax import config_checks
 from vit_jax import input_pipeline
 from vit_jax import loop
+from vit_jax import losses
 from vit_jax import mixing
 from vit_jax import models
-from vit_jax.evaluators import classification
+from vit_jax.tasks import base
 
 
 def make_model(config, num_classes: int):
@@ -19,16 +20,14 @@ def make_model(config, num_classes: int):
       num_classes=num_classes, **config.model)
 
 
-class Task:
+class Task(base.Task):
   """The model, its initial parameters, step and batches of a classifier."""
-
-  param_labels = None  # every parameter trains
 
   def __init__(self, config, workdir, mesh, *, training=True, info=None):
     del workdir
-    if config.loss not in classification.LOSSES:
+    if config.loss not in losses.CLASSIFICATION:
       raise ValueError(f'config.loss={config.loss!r}; expected one of '
-                       f'{classification.LOSSES}.')
+                       f'{losses.CLASSIFICATION}.')
     if (config.model.get('classifier') == 'distilled' and
         config.trainer in ('train', 'classification')):
       raise ValueError("A model with a distillation token trains with a "
@@ -78,7 +77,7 @@ class Task:
     def compute_loss(params):
       logits = state.apply_fn({'params': params}, images, train=True,
                               rngs={'dropout': dropout_rng})
-      return classification.loss_fn(logits, labels, self.config.loss).mean()
+      return losses.classification(logits, labels, self.config.loss).mean()
 
     value, grads = jax.value_and_grad(compute_loss)(state.params)
     return state.apply_gradients(grads=grads), {'loss': value}
@@ -100,19 +99,12 @@ class Task:
     """(model, params) of the checkpoint at `path` (an .npz or a workdir):
     its head and pre-logits, at `pp.crop`; a position table made for
     another resolution is resized as fine-tuning does (its note says so)."""
-    found = checkpoint.read_params(path)
-    sizes = checkpoint.model_config_for(found, self.config.model)
-    model = self.model.clone(**{k: v for k, v in sizes.items()
-                                if k in ('num_classes', 'representation_size')
-                                and hasattr(self.model, k)})
-    abstract = jax.eval_shape(lambda: self.init_params(jax.random.key(0),
-                                                       model))
     try:
-      return model, checkpoint.load_params(
-          path, init_params=abstract, model_config=self.config.model,
-          new_grid=models.token_grid(self.config), found=found)
+      model, params, _ = checkpoint.load_model(self.config.model, path,
+                                               self.config.pp.crop)
     except checkpoint.CheckpointError as e:
       raise checkpoint.CheckpointError(
           f'{e}\nEvaluate with the model and number of classes the '
           'checkpoint was trained with (--config.model_name=PRESET gives a '
           "preset's whole model).") from None
+    return model, params

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax import checkpoint
+from vit_jax import losses
 from vit_jax import mixing
 from vit_jax import models
 from vit_jax import run_record
-from vit_jax.evaluators import classification as classification_eval
 from vit_jax.tasks import classification
 
 KINDS = ('hard', 'soft')
@@ -57,21 +57,13 @@ def load_teacher(config, num_classes: int):
   """(model, params) of `config.distill.teacher_path` (`teacher_config`),
   at the run's image size."""
   settings = config.distill
-  found = checkpoint.read_params(settings.teacher_path)
-  model_config = checkpoint.model_config_for(found, teacher_config(settings))
-  if model_config['num_classes'] != num_classes:
+  model, params, _ = checkpoint.load_model(
+      teacher_config(settings), settings.teacher_path, config.pp.crop)
+  if model.num_classes != num_classes:
     raise ValueError(
         f'The teacher {settings.teacher_path} has a head of '
-        f"{model_config['num_classes']} classes, the dataset {num_classes}.")
-  cls = models.model_class(model_config.get('model_name') or '')
-  model = cls(**{k: v for k, v in model_config.items()
-                 if k in cls.__dataclass_fields__ and k != 'parent'})
-  shape = (1, config.pp.crop, config.pp.crop, 3)
-  expected = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), jnp.zeros(shape), train=False))['params']
-  return model, checkpoint.load_params(
-      settings.teacher_path, init_params=expected, model_config=model_config,
-      found=found)
+        f'{model.num_classes} classes, the dataset {num_classes}.')
+  return model, params
 
 
 class Task(classification.Task):
@@ -102,7 +94,7 @@ class Task(classification.Task):
     else:
       logits = distill_logits = outputs
       alpha = settings.alpha
-    return ((1 - alpha) * classification_eval.loss_fn(logits, labels,
+    return ((1 - alpha) * losses.classification(logits, labels,
                                                       self.config.loss) +
             alpha * distillation_loss(distill_logits, teacher_logits,
                                       settings.kind, settings.temperature))

@@ -15,20 +15,20 @@ import jax.numpy as jnp
 from vit_jax import caption_data
 from vit_jax import checkpoint
 from vit_jax import config_checks
-from vit_jax import contrastive_losses
-from vit_jax import loop
+from vit_jax import losses
 from vit_jax import models_bert
 from vit_jax import models_lit
 from vit_jax import optim
 from vit_jax import storage
 from vit_jax import tokenizers
+from vit_jax.tasks import base
 
 
 def validate_lit_config(config):
   """Fails fast on settings a LiT run cannot use."""
-  if config.lit.loss not in contrastive_losses.LOSSES:
+  if config.lit.loss not in losses.CONTRASTIVE:
     raise ValueError(f'config.lit.loss={config.lit.loss!r}; expected one of '
-                     f'{tuple(contrastive_losses.LOSSES)}.')
+                     f'{tuple(losses.CONTRASTIVE)}.')
   if config.lit.loss == 'sigmoid' and config.model.bias_init is None:
     raise ValueError("config.lit.loss='sigmoid' needs a learned bias: set "
                      'config.model.bias_init (SigLIP uses -10).')
@@ -91,7 +91,7 @@ def frozen_image_tower(params):
       lambda key, _: optim.FROZEN if key[0] == 'img' else optim.TRAINED, params)
 
 
-class Task:
+class Task(base.Task):
   """A LiT model, its locked tower, contrastive step and caption batches."""
 
   param_labels = staticmethod(frozen_image_tower)
@@ -136,7 +136,7 @@ class Task:
     zimg, _, _ = state.apply_fn({'params': state.params},
                                 images=batch['image'])
     zimg = jax.lax.stop_gradient(zimg)
-    loss_fn = contrastive_losses.LOSSES[self.config.lit.loss]
+    loss_fn = losses.CONTRASTIVE[self.config.lit.loss]
 
     def compute_loss(params):
       _, ztxt, out = state.apply_fn(
@@ -148,7 +148,7 @@ class Task:
     (value, (ztxt, t)), grads = jax.value_and_grad(
         compute_loss, has_aux=True)(state.params)
     metrics = {'loss': value, 'temperature': t,
-               'retrieval': contrastive_losses.retrieval_accuracy(zimg, ztxt)}
+               'retrieval': losses.retrieval_accuracy(zimg, ztxt)}
     return state.apply_gradients(grads=grads), metrics
 
   def batches(self, *, batch_size, rows, start_step):

@@ -28,6 +28,7 @@ from vit_jax import loop
 from vit_jax import models_mae
 from vit_jax import models_vit
 from vit_jax import storage
+from vit_jax.tasks import base
 
 DECODER_KEYS = ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim')
 PICTURE = 'mae_reconstructions.png'
@@ -121,10 +122,8 @@ def train_step(state, images, rng, *, patch, ratio, norm_pix):
   return state.apply_gradients(grads=grads), {'loss': value}
 
 
-class Task:
+class Task(base.Task):
   """A masked autoencoder: its encoder is the model that is exported."""
-
-  param_labels = None  # every parameter trains
 
   def __init__(self, config, workdir, mesh, *, training=True, info=None):
     del training, workdir
@@ -140,14 +139,17 @@ class Task:
         encoder=encoder, decoder=dict(self.settings.decoder))
     # What the evaluators see and the .npz holds: the encoder as a ViT
     # without a head (its class token after the final norm).
-    self.exported_model = models_vit.VisionTransformer(num_classes=None,
-                                                       **encoder)
+    self.encoder = models_vit.VisionTransformer(num_classes=None, **encoder)
     self.image_shape = (1, config.pp.crop, config.pp.crop, 3)
 
   def init_params(self, rng):
     keep = jnp.arange(self.num_patches)[None]
     return self.model.init(rng, jnp.zeros(self.image_shape), keep,
                            train=False)['params']
+
+  @property
+  def exported_model(self):
+    return self.encoder
 
   def exported_params(self, params):
     return params['encoder']

@@ -18,7 +18,6 @@ Both write `accuracy_{side}px` per side to `results.json`; NaViT also
 batches).
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ from vit_jax import models_navit
 from vit_jax import packing
 from vit_jax import sharding
 from vit_jax.evaluators import common
+from vit_jax.tasks import base
 from vit_jax.tasks import classification
 
 SETTINGS = ('packed', 'max_tokens', 'window', 'side_range', 'aspect_range',
@@ -322,7 +322,7 @@ def _image_batches(examples, batch_size):
     yield {'image': images, 'labels': labels}
 
 
-class Task:
+class Task(base.Task):
   """NaViT on packed sequences: its model, step, batches and evaluator."""
 
   param_labels = None  # every parameter trains

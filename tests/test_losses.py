@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import contrastive_losses
+from vit_jax import losses
 
 
 def _embeddings(n=5, d=7, seed=0):
@@ -39,7 +39,7 @@ def _sigmoid_reference(zimg, ztxt, t, b):
 @pytest.mark.parametrize('t', [1., 10.])
 def test_softmax_loss_matches_numpy(t):
   zimg, ztxt = _embeddings()
-  got = contrastive_losses.softmax_loss(zimg, ztxt, t)
+  got = losses.softmax_loss(zimg, ztxt, t)
   np.testing.assert_allclose(got, _softmax_reference(zimg, ztxt, t),
                              rtol=1e-5)
 
@@ -47,7 +47,7 @@ def test_softmax_loss_matches_numpy(t):
 @pytest.mark.parametrize('t,b', [(1., 0.), (10., -10.), (3., 2.)])
 def test_sigmoid_loss_matches_numpy(t, b):
   zimg, ztxt = _embeddings(seed=1)
-  got = contrastive_losses.sigmoid_loss(zimg, ztxt, t, b)
+  got = losses.sigmoid_loss(zimg, ztxt, t, b)
   np.testing.assert_allclose(got, _sigmoid_reference(zimg, ztxt, t, b),
                              rtol=1e-5)
 
@@ -55,22 +55,22 @@ def test_sigmoid_loss_matches_numpy(t, b):
 def test_softmax_loss_is_symmetric_in_images_and_captions():
   # Images and captions swapped: the symmetric loss is unchanged.
   zimg, ztxt = _embeddings(seed=2)
-  np.testing.assert_allclose(contrastive_losses.softmax_loss(zimg, ztxt, 5.),
-                             contrastive_losses.softmax_loss(ztxt, zimg, 5.),
+  np.testing.assert_allclose(losses.softmax_loss(zimg, ztxt, 5.),
+                             losses.softmax_loss(ztxt, zimg, 5.),
                              rtol=1e-6)
 
 
 def test_perfect_pairs_give_low_loss_and_full_retrieval():
   zimg, _ = _embeddings(n=4, d=4, seed=3)
   eye = np.eye(4)
-  assert contrastive_losses.retrieval_accuracy(eye, eye) == 1.
-  assert contrastive_losses.softmax_loss(eye, eye, 100.) < 1e-6
-  assert contrastive_losses.sigmoid_loss(eye, eye, 100., -50.) < 1e-6
-  assert contrastive_losses.softmax_loss(zimg, zimg[::-1], 100.) > 1.
+  assert losses.retrieval_accuracy(eye, eye) == 1.
+  assert losses.softmax_loss(eye, eye, 100.) < 1e-6
+  assert losses.sigmoid_loss(eye, eye, 100., -50.) < 1e-6
+  assert losses.softmax_loss(zimg, zimg[::-1], 100.) > 1.
 
 
 def test_gradients_reach_temperature_and_bias():
   zimg, ztxt = _embeddings(seed=4)
-  grads = jax.grad(contrastive_losses.sigmoid_loss, argnums=(2, 3))(
+  grads = jax.grad(losses.sigmoid_loss, argnums=(2, 3))(
       zimg, ztxt, 10., -10.)
   assert all(np.isfinite(g) and g != 0 for g in grads)

@@ -1,6 +1,9 @@
-"""Image-text losses on L2-normalized embeddings of matching pairs.
+"""The training losses: classification's, and image-text's.
 
-Row i of `zimg` and of `ztxt` come from the same (image, caption) pair; every
+Classification: per-example softmax or sigmoid cross-entropy of logits
+against (soft) label vectors.
+
+Image-text, on L2-normalized embeddings of matching pairs. Row i of `zimg` and of `ztxt` come from the same (image, caption) pair; every
 other pairing in the batch is a negative.
 
 softmax (CLIP, LiT): InfoNCE in both directions, each image classifying its
@@ -14,6 +17,16 @@ sigmoid (SigLIP, Zhai et al., ICCV 2023): every pair is a binary problem,
 import jax
 import jax.numpy as jnp
 import optax
+
+
+CLASSIFICATION = ('softmax_xent', 'sigmoid_xent')
+
+
+def classification(logits, labels, kind: str):
+  """Per-example loss: softmax or sigmoid cross-entropy."""
+  if kind == 'sigmoid_xent':
+    return optax.sigmoid_binary_cross_entropy(logits, labels).sum(-1)
+  return optax.softmax_cross_entropy(logits, labels)
 
 
 def softmax_loss(zimg, ztxt, t, b=None):
@@ -33,7 +46,7 @@ def sigmoid_loss(zimg, ztxt, t, b):
   return -jnp.sum(jax.nn.log_sigmoid(labels * logits)) / logits.shape[0]
 
 
-LOSSES = {'softmax': softmax_loss, 'sigmoid': sigmoid_loss}
+CONTRASTIVE = {'softmax': softmax_loss, 'sigmoid': sigmoid_loss}
 
 
 def retrieval_accuracy(zimg, ztxt):
