@@ -19,7 +19,7 @@ setuptools.setup(
     long_description=(here / 'README.md').read_text(),
     long_description_content_type='text/markdown',
     packages=setuptools.find_packages(include=['vit_jax', 'vit_jax.*']),
-    package_data={'vit_jax': ['data/*.txt']},  # ImageNet class names
+    package_data={'vit_jax.data': ['*.txt']},  # ImageNet class names
     python_requires='>=3.10',
     install_requires=requirements,
     extras_require={

@@ -73,7 +73,7 @@ def compile_step(model, args, mesh):
   import jax.numpy as jnp
   import optax
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from vit_jax import sharding
+  from vit_jax.run import sharding
   tx = optax.adamw(1e-3)
   images = jax.ShapeDtypeStruct((args.batch, args.image, args.image, 3),
                                 jnp.float32)

@@ -5,7 +5,7 @@ quality 90: about 100 KB each, as ImageNet's) go through the project's
 `input_pipeline.decode` and `preprocess_train` at 224 px with the paper's
 inception crop (area 0.05..1) and flips, without and with the AugReg recipe's
 RandAugment (configs/augreg.py). Mixup and CutMix run on the accelerator
-inside the jitted step (vit_jax/mixing.py), so they cost the host nothing.
+inside the jitted step (vit_jax/data/mixing.py), so they cost the host nothing.
 
   python benchmarks/input_speed.py
   python benchmarks/input_speed.py --cores=2 --seconds=30
@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from vit_jax.configs import augreg
 from vit_jax.configs import common
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline as input_pipeline
 
 flags.DEFINE_integer('cores', 1, 'CPU cores (0..N-1) the pipeline runs on.')
 flags.DEFINE_float('seconds', 30., 'Timed seconds per row.')
@@ -160,7 +160,7 @@ def main(argv):
       print(f'| {name} | {wall / FLAGS.cores:.0f} | {cpu:.0f} | {batches} |',
             flush=True)
   print(f'+ Mixup (AugReg {FLAGS.level}: p={augreg.LEVELS[FLAGS.level][1]}) '
-        'runs on the accelerator in the jitted step (vit_jax/mixing.py): '
+        'runs on the accelerator in the jitted step (vit_jax/data/mixing.py): '
         'the host cost is the row above.')
 
 

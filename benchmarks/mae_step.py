@@ -27,11 +27,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from vit_jax.configs import default
 from vit_jax import cli
 from vit_jax import models
-from vit_jax import models_mae
-from vit_jax import optim
+from vit_jax.configs import default
+from vit_jax.models import mae as models_mae
+from vit_jax.run import optim
 from vit_jax.tasks import mae
 
 flags.DEFINE_string('model', 'ViT-Ti_16', "A ViT preset, or 'fmnist'.")

@@ -28,11 +28,12 @@ from flax.training import train_state
 import jax
 import numpy as np
 
-from vit_jax.configs import navit_fmnist
 from vit_jax import cli
-from vit_jax import models_navit
-from vit_jax import optim
-from vit_jax import packing
+from vit_jax.configs import navit_fmnist
+from vit_jax.data import navit as navit_data
+from vit_jax.data import packing
+from vit_jax.models import navit as models_navit
+from vit_jax.run import optim
 from vit_jax.tasks import navit
 
 flags.DEFINE_integer('sequences', 0, "Packed rows (0: the config's batch).")
@@ -58,7 +59,7 @@ def get_config():
 def first_batch_images(config):
   """The examples of the config's first packed batch, as lists per row:
   grids from the recipes, random pixels."""
-  sizes = navit.sampling(config)
+  sizes = navit_data.sampling(config)
   recipes = packing.Recipes(FLAGS.seed, sizes)
   packer = packing.Packer(recipes.token_counts(), config.navit.max_tokens,
                           config.model.max_images, config.navit.window)

@@ -19,10 +19,10 @@ import numpy as np
 import optax
 import tensorflow as tf
 
-from vit_jax import input_pipeline
 from vit_jax import models
-from vit_jax import optim
-from vit_jax import sharding
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import optim
+from vit_jax.run import sharding
 
 config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config.',
                                 lock_config=True)

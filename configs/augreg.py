@@ -30,7 +30,7 @@ import ml_collections
 
 from vit_jax.configs import common
 from vit_jax.configs import models
-from vit_jax import model_configs
+from vit_jax.models import presets as model_configs
 
 VARIANTS = {'ti16': 'ViT-Ti_16', 's32': 'ViT-S_32', 's16': 'ViT-S_16',
             'b32': 'ViT-B_32', 'b16': 'ViT-B_16', 'l16': 'ViT-L_16',

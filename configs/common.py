@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from vit_jax import run_config
+from vit_jax.run import run_config
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -31,14 +31,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Training: RandAugment (num_layers, magnitude), e.g. (2, 15); None: off.
   config.pp.randaug = ml_collections.config_dict.placeholder(tuple)
   config.pp.erasing = 0.0  # training: random erasing probability (DeiT: 0.25)
-  config.pp.label = ''  # a vit_jax.task_labels task; '' is the feature 'label'
+  config.pp.label = ''  # a vit_jax.data.labels task; '' is the feature 'label'
 
   config.model_name = ''  # set with `with_model`, as config.model
   # Fine-tune from `pretrained_path`, or `{pretrained_dir}/{model_name}.npz`
   # (a finished workdir holds one); neither: train from scratch.
   config.pretrained_dir = ml_collections.config_dict.placeholder(str)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
-  config.model = None  # a ConfigDict, e.g. from vit_jax.model_configs
+  config.model = None  # a ConfigDict, e.g. from vit_jax.models.presets
 
   config.total_steps = 10_000
   config.warmup_steps = 500
@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
       teacher_path='', teacher_model='', kind='hard', alpha=0.5,
       temperature=1.0))
   # On the device, per micro-batch, each example mixed with its neighbour
-  # (vit_jax/mixing.py). Mixup: `p` is the Beta(p, p) concentration (0: off;
+  # (vit_jax/data/mixing.py). Mixup: `p` is the Beta(p, p) concentration (0: off;
   # big_vision's AugReg: 0.2-0.8). CutMix: Beta(cutmix_alpha, cutmix_alpha)
   # (0: off). Both on: CutMix with probability switch_prob, else Mixup
   # (DeiT: p=0.8, cutmix_alpha=1.0, switch_prob=0.5).

@@ -13,7 +13,7 @@ change under them.
   python -m vit_jax.main --config=configs/vtab.py:b16,caltech101,val ...
 
 The third argument `val` trains on train800 and tests on val200. Tasks on
-other labels than the tfds feature 'label' name a `vit_jax.task_labels`
+other labels than the tfds feature 'label' name a `vit_jax.data.labels`
 task in `pp.label`.
 """
 

@@ -21,10 +21,10 @@ import numpy as np
 from PIL import Image, ImageDraw
 import tensorflow as tf
 
-from vit_jax.configs import common
 from vit_jax import cli
-from vit_jax import input_pipeline
-from vit_jax import mixing
+from vit_jax.configs import common
+from vit_jax.data import mixing
+from vit_jax.data import pipeline as input_pipeline
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_list('images', [

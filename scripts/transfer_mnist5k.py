@@ -26,8 +26,8 @@ import tensorflow as tf
 from vit_jax.configs import default
 from vit_jax.configs import finetune_mnist5k
 from scripts import collect_results
-from vit_jax import loop
 from vit_jax import train
+from vit_jax.run import loop
 from vit_jax.tasks import classification
 
 flags.DEFINE_string('pretrained_dir', None, 'Workdir of the default job.',

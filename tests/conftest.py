@@ -32,7 +32,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from vit_jax.configs import common
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline as input_pipeline
 
 
 def write_idx(path, array):

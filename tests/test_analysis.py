@@ -12,11 +12,11 @@ import pytest
 import helpers
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import preprocess
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
 from vit_jax.analysis import paper_figures
+from vit_jax.convert import transform as preprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,8 +8,8 @@ from PIL import Image, ImageEnhance, ImageOps
 import pytest
 import tensorflow as tf
 
-from vit_jax import augment
-from vit_jax import input_pipeline
+from vit_jax.data import augment
+from vit_jax.data import pipeline as input_pipeline
 
 FILL = 128
 

@@ -17,7 +17,7 @@ from helpers import param_shapes
 from helpers import random_params
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import models_vit
+from vit_jax.models import vit as models_vit
 
 LINEN_BLOCK = ('LayerNorm_0', 'MultiHeadDotProductAttention_0', 'LayerNorm_1',
                'MlpBlock_0')

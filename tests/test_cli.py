@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from vit_jax import input_pipeline
 from vit_jax import models
-from vit_jax import tf_startup
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import tf_startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,8 +145,8 @@ def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
   code = textwrap.dedent(f'''
       import time
       import ml_collections
-      from vit_jax import input_pipeline
-      from vit_jax import local_datasets
+      from vit_jax.data import pipeline as input_pipeline
+      from vit_jax.data import local_datasets
       # Slow enough that the two preparations overlap.
       generate = local_datasets.FashionMnistLocal._generate_examples
       def slow(self, *args):

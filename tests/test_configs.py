@@ -4,15 +4,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from vit_jax import models
 from vit_jax.configs import ablation_posemb
 from vit_jax.configs import augreg
 from vit_jax.configs import common
 from vit_jax.configs import default
 from vit_jax.configs import finetune_mnist5k
 from vit_jax.configs import vit
-from vit_jax import config_checks
-from vit_jax import models
-from vit_jax import mixing
+from vit_jax.data import mixing
+from vit_jax.run import config_checks
 from vit_jax.tasks import classification
 
 

@@ -23,7 +23,8 @@ from safetensors.numpy import load_file
 from vit_jax import checkpoint
 from vit_jax import convert
 from vit_jax import models
-from vit_jax import preprocess
+from vit_jax.convert import converter
+from vit_jax.convert import transform as preprocess
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,7 +320,7 @@ def test_weights_alone_without_a_class_position(tmp_path):
               tmp_path)
   flat = convert.timm_to_npz(load_file(str(tmp_path / 'model.safetensors')),
                              heads=2)
-  assert convert._dims(flat)['posemb_prefix'] is False
+  assert converter._dims(flat)['posemb_prefix'] is False
 
 
 def test_weights_alone_say_what_is_assumed(tmp_path, capsys):

@@ -18,8 +18,9 @@ from safetensors.numpy import load_file
 from vit_jax import checkpoint
 from vit_jax import convert
 from vit_jax import models
-from vit_jax import posemb_resize
-from vit_jax import preprocess
+from vit_jax.convert import converter
+from vit_jax.convert import transform as preprocess
+from vit_jax.models import posemb_resize
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 SSL = os.path.join(DATA, 'timm_ssl')
@@ -160,7 +161,7 @@ def test_inconsistent_files_are_refused(tmp_path):
   del state['blocks.1.ls2.gamma']
   with pytest.raises(ValueError, match='lacks what a vit_jax ViT has: '
                      'Transformer/encoderblock_1/ls2/scale'):
-    convert._check_complete(convert.timm_to_npz(state, heads=2), 'x')
+    converter._check_complete(convert.timm_to_npz(state, heads=2), 'x')
   with pytest.raises(ValueError, match=r'--model_name=DeiT3-testing does not '
                      r'fit the checkpoint, which has patch \(14, 14\)'):
     convert.convert(os.path.join(SSL, 'dinov2'), dst, 'DeiT3-testing')

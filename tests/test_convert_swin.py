@@ -11,8 +11,8 @@ from safetensors.numpy import load_file
 
 from vit_jax import checkpoint
 from vit_jax import convert
-from vit_jax import convert_swin
 from vit_jax import models
+from vit_jax.convert import swin as convert_swin
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 WEIGHTS = os.path.join(DATA, 'timm_swin.safetensors')

@@ -12,9 +12,9 @@ from sklearn import linear_model
 import helpers
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import sharding
 from vit_jax import train
 from vit_jax.evaluators import fewshot
+from vit_jax.run import sharding
 from vit_jax.tasks import classification
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(

@@ -11,9 +11,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import fake_fashion_mnist, write_idx
-from vit_jax import input_pipeline
-from vit_jax import local_datasets
-from vit_jax import preprocess
+from vit_jax.convert import transform as preprocess
+from vit_jax.data import local_datasets
+from vit_jax.data import pipeline as input_pipeline
 
 
 def _info(config):
@@ -83,7 +83,7 @@ def test_process_rows_split_the_global_stream(tiny_config):
 
 def test_process_rows_follow_the_mesh():
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh([('data', -1)])
   assert sharding.process_rows(mesh, 16) == list(range(16))  # one process
   mesh = sharding.make_mesh([('data', 2), ('model', -1)])

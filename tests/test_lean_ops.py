@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import lean_ops
-from vit_jax import models_vit
+from vit_jax.models import ops as lean_ops
+from vit_jax.models import vit as models_vit
 
 
 def _numeric_grad(f, x, eps=1e-5):

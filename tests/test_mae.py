@@ -10,12 +10,12 @@ import pytest
 
 import helpers
 from conftest import make_tiny_config
-from vit_jax.configs import mae_fmnist
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import models_mae
-from vit_jax import models_vit
 from vit_jax import train
+from vit_jax.configs import mae_fmnist
+from vit_jax.models import mae as models_mae
+from vit_jax.models import vit as models_vit
 
 DECODER = dict(hidden_size=8, num_layers=1, num_heads=2, mlp_dim=16)
 

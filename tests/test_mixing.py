@@ -12,9 +12,9 @@ import pytest
 from flax.training import train_state
 
 from vit_jax import losses
-from vit_jax import mixing
-from vit_jax import sharding
 from vit_jax import train
+from vit_jax.data import mixing
+from vit_jax.run import sharding
 from vit_jax.tasks import classification
 
 B, H, W, C, K = 8, 12, 10, 3, 5

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import model_configs
 from vit_jax import models
+from vit_jax.models import presets as model_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

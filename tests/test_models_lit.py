@@ -9,7 +9,7 @@ import pytest
 from tests import helpers
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import models_lit
+from vit_jax.models import lit as models_lit
 
 def _init_shapes(model, image_size=224, max_len=16):
   return jax.eval_shape(lambda: model.init(
@@ -85,7 +85,7 @@ def _small_lit():
 
 
 def _testing_image():
-  from vit_jax import model_configs  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import presets as model_configs  # pylint: disable=g-import-not-at-top
   return model_configs.MODEL_CONFIGS['testing'].to_dict()
 
 

@@ -10,8 +10,9 @@ import pytest
 from helpers import layernorm
 from helpers import random_params
 from vit_jax import checkpoint
-from vit_jax import models_navit
-from vit_jax import models_vit
+from vit_jax.models import navit as models_navit
+from vit_jax.models import posemb as vit_posemb
+from vit_jax.models import vit as models_vit
 
 PATCH, CHANNELS = 4, 3
 
@@ -130,7 +131,7 @@ def test_factorized_posemb_matches_reference(fractional):
   rng = np.random.default_rng(1)
   row, col = rng.normal(size=(2, 6, 4))
   rows, cols, heights, widths = _positions([(3, 5), (6, 2), (1, 1)])
-  out = models_vit.factorized_posemb(row, col, rows, cols, heights, widths,
+  out = vit_posemb.factorized_posemb(row, col, rows, cols, heights, widths,
                                      fractional=fractional)
   for t in range(rows.shape[1]):
     r, c, h, w = rows[0, t], cols[0, t], heights[0, t], widths[0, t]
@@ -165,7 +166,7 @@ def _bicubic_matrix(size, source):
 def test_interp2d_matches_torch_bicubic_reference():
   table = np.random.default_rng(2).normal(size=(5, 7, 3)).astype(np.float32)
   grids = [(3, 2), (8, 11), (5, 7), (1, 1), (13, 4)]
-  out = jax.jit(models_vit.interp2d_posemb)(table, *_positions(grids))[0]
+  out = jax.jit(vit_posemb.interp2d_posemb)(table, *_positions(grids))[0]
   start = 0
   for h, w in grids:
     expected = np.einsum('ih,jw,hwd->ijd', _bicubic_matrix(h, 5),
@@ -174,7 +175,7 @@ def test_interp2d_matches_torch_bicubic_reference():
                                rtol=1e-5, atol=1e-5)
     start += h * w
   # At the table's own grid: the table itself, exactly.
-  same = models_vit.interp2d_posemb(table, *models_vit.grid_positions((5, 7)))
+  same = vit_posemb.interp2d_posemb(table, *models_vit.grid_positions((5, 7)))
   np.testing.assert_array_equal(same[0], table.reshape(35, 3))
 
 
@@ -197,7 +198,7 @@ def test_rope2d_matches_reference():
   x = np.random.default_rng(3).normal(size=(1, 19, 2, 8)).astype(np.float32)
   angles = models_vit.rope2d_angles(rows, cols, 8)
   assert angles.shape == (1, 19, 4)
-  out = models_vit.apply_rope(jnp.asarray(x), angles)
+  out = vit_posemb.apply_rope(jnp.asarray(x), angles)
   np.testing.assert_allclose(out[0], _rope_reference(x[0], rows[0], cols[0]),
                              rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(out[0, 0], x[0, 0])  # (0, 0): not rotated

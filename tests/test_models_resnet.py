@@ -11,7 +11,7 @@ from helpers import eqns
 from helpers import param_shapes
 from helpers import random_params
 from vit_jax import models
-from vit_jax import models_resnet
+from vit_jax.models import resnet as models_resnet
 
 TINY = dict(num_classes=7, patches={'size': (1, 1)},
             resnet={'num_layers': (1, 2), 'width_factor': 0.5})

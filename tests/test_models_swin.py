@@ -10,7 +10,7 @@ import pytest
 
 import helpers
 from vit_jax import models
-from vit_jax import models_swin
+from vit_jax.models import swin as models_swin
 
 # timm 1.0's sum(p.numel() for p in create_model(name).parameters()).
 TIMM_PARAMS = {'Swin-T': 28_288_354, 'Swin-S': 49_606_258,

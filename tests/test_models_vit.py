@@ -16,8 +16,9 @@ from helpers import patch_embed
 from helpers import random_params
 from vit_jax import checkpoint
 from vit_jax import models
-from vit_jax import models_vit
-from vit_jax import posemb_resize
+from vit_jax.models import posemb as vit_posemb
+from vit_jax.models import posemb_resize
+from vit_jax.models import vit as models_vit
 
 def test_param_tree_names():
   model = models.get_model('testing', num_classes=3, representation_size=4)
@@ -575,7 +576,7 @@ def test_token_grid_is_the_embedding_grid(name, image):
         capture_intermediates=lambda mdl, _: mdl.name == 'embedding')
   _, variables = jax.eval_shape(embed, jnp.zeros((1, *image, 3)))
   grid = variables['intermediates']['embedding']['__call__'][0].shape[1:3]
-  assert models_vit.token_grid(models.MODEL_CONFIGS[name], image) == grid
+  assert vit_posemb.token_grid(models.MODEL_CONFIGS[name], image) == grid
 
 
 # DeiT (Touvron et al., 2021): the distillation token and its head.

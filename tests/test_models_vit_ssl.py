@@ -14,10 +14,10 @@ from helpers import layernorm
 from helpers import patch_embed
 from helpers import random_params
 from vit_jax import checkpoint
-from vit_jax import model_configs
 from vit_jax import models
-from vit_jax import models_vit
-from vit_jax import posemb_resize
+from vit_jax.models import posemb_resize
+from vit_jax.models import presets as model_configs
+from vit_jax.models import vit as models_vit
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import FAST_COMPILE
 from vit_jax.configs import default
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline as input_pipeline
 
 pytestmark = pytest.mark.xdist_group('multihost')  # one `reference` run
 

@@ -8,11 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from vit_jax.configs import navit_fmnist
-from vit_jax import input_pipeline
-from vit_jax import loop
-from vit_jax import packing
 from vit_jax import train
+from vit_jax.configs import navit_fmnist
+from vit_jax.data import navit as navit_data
+from vit_jax.data import packing
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import loop
 from vit_jax.tasks import navit
 
 
@@ -37,14 +38,14 @@ def _info(config):
 
 
 def _take(config, n, **kw):
-  stream = navit.train_batches(_info(config), config, **kw)
+  stream = navit_data.train_batches(_info(config), config, **kw)
   return [next(stream) for _ in range(n)]
 
 
 def test_training_batches_hold_whole_labeled_images(fmnist_dirs):
   config = _config(fmnist_dirs)
   config.navit.drop_rate = (0.0, 0.5)
-  recipes = packing.Recipes(config.seed, navit.sampling(config))
+  recipes = packing.Recipes(config.seed, navit_data.sampling(config))
   counts = collections.Counter()
   for batch in _take(config, 2, batch_size=4):
     assert batch['patches'].shape == (4, 256, 147)
@@ -124,16 +125,16 @@ def test_the_loss_counts_only_real_images():
 def test_evaluation_packs_every_test_image_once(fmnist_dirs, side):
   config = _config(fmnist_dirs)
   info = _info(config)
-  pairs = list(navit.eval_images(info, config))
+  pairs = list(navit_data.eval_images(info, config))
   if side is None:
-    sizes = navit.sampling(config, drop_rate=0.0)
+    sizes = navit_data.sampling(config, drop_rate=0.0)
     recipes = packing.Recipes(config.seed, sizes, stream=1)
-    examples = (navit.mixed(i, im, lb, recipes, sizes, config.pp)
+    examples = (navit_data.mixed(i, im, lb, recipes, sizes, config.pp)
                 for i, (im, lb) in enumerate(pairs))
   else:
-    examples = (navit.fixed_side(im, lb, side, 7, config.pp)
+    examples = (navit_data.fixed_side(im, lb, side, 7, config.pp)
                 for im, lb in pairs)
-  batches = list(navit.packed_test_batches(examples, config, 8))
+  batches = list(navit_data.packed_test_batches(examples, config, 8))
   labels = np.concatenate([b['labels'].ravel() for b in batches])
   assert sorted(labels[labels >= 0]) == sorted(lb for _, lb in pairs)
   if side is not None:

@@ -23,16 +23,16 @@ import tensorflow_datasets as tfds
 
 import helpers
 from vit_jax import checkpoint
-from vit_jax import input_pipeline
-from vit_jax import model_configs
 from vit_jax import models
-from vit_jax import models_lit
-from vit_jax import tokenizers
 from vit_jax import train
 from vit_jax import utils
 from vit_jax.configs import augreg as augreg_config
 from vit_jax.configs import common as common_config
 from vit_jax.configs import models as models_config
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import tokenizers
+from vit_jax.models import lit as models_lit
+from vit_jax.models import presets as model_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -224,13 +224,15 @@ def _augreg_index(directory):
 
 
 def _images_folder(root):
-  """{train,test}/<class>/<n>.jpg, two classes."""
-  for split, n in (('train', 16), ('test', 8)):
-    for i in range(n):
-      folder = root / split / ('dark', 'bright')[i % 2]
+  """{train,test}/<class>/<n>.jpg: 10 classes (the same head as cifar10's,
+  so the compiled step is reused), 2 training and 1 test image each."""
+  for split, per_class in (('train', 2), ('test', 1)):
+    for c in range(10):
+      folder = root / split / f'c{c}'
       folder.mkdir(parents=True, exist_ok=True)
-      pixels = np.full((40, 40, 3), 200 if i % 2 else 30, np.uint8)
-      (folder / f'{i}.jpg').write_bytes(tf.io.encode_jpeg(pixels).numpy())
+      for i in range(per_class):
+        pixels = np.full((40, 40, 3), 20 * c + i, np.uint8)
+        (folder / f'{i}.jpg').write_bytes(tf.io.encode_jpeg(pixels).numpy())
   return str(root)
 
 
@@ -267,7 +269,7 @@ def test_vit_jax_augreg_notebook(default_data_dir, tmp_path, capsys):
   config.dataset = _images_folder(tmp_path / 'flower_photos')
   config.pp.train, config.pp.test = 'train', 'test'
   opt = train.train_and_evaluate(config, str(tmp_path / 'folder_run'))
-  assert opt['head']['kernel'].shape[-1] == 2
+  assert opt['head']['kernel'].shape[-1] == 10
   # The original's reader of one folder; its info.
   ds = input_pipeline.get_data_from_directory(
       config=config, directory=f'{config.dataset}/test', mode='test')
@@ -275,8 +277,8 @@ def test_vit_jax_augreg_notebook(default_data_dir, tmp_path, capsys):
   devices = jax.local_device_count()
   assert batch['image'].shape == (devices, 8 // devices, 32, 32, 3)
   info = input_pipeline.get_dataset_info(config.dataset, 'test')
-  assert (info['num_examples'], info['num_classes']) == (8, 2)
-  assert info['int2str'](0) == 'bright' and info['examples_glob']
+  assert (info['num_examples'], info['num_classes']) == (10, 10)
+  assert info['int2str'](0) == 'c0' and info['examples_glob']
 
 
 def test_lit_notebook(tmp_path, monkeypatch):

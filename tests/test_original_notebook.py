@@ -26,6 +26,7 @@ import pytest
 import helpers
 from vit_jax import checkpoint
 from vit_jax import models
+from vit_jax import predict
 
 NOTEBOOK = os.environ.get('VIT_JAX_ORIGINAL_NOTEBOOK')
 pytestmark = pytest.mark.skipif(
@@ -36,8 +37,7 @@ FORM_VALUES = {"model_name = 'ViT-B_32'": "model_name = 'testing'",
                'batch_size = 512': 'batch_size = 16',
                'total_steps = 100': 'total_steps = 3',
                'accum_steps = 8': 'accum_steps = 2'}
-LABELS = os.path.join(os.path.dirname(models.__file__), 'data',
-                      'imagenet2012_labels.txt')
+LABELS = os.path.join(predict.DATA, 'imagenet2012_labels.txt')
 
 
 def _offline(nb):

@@ -4,7 +4,7 @@ dropping and resolution sampling, all against numpy written here."""
 import numpy as np
 import pytest
 
-from vit_jax import packing
+from vit_jax.data import packing
 
 
 def _image(h, w, c=3, seed=0):

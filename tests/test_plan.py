@@ -1,6 +1,7 @@
 """vit_jax.plan: the loop's step compiled for a TPU slice on this CPU, and
 the implementations chosen by the devices a step is traced for."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -12,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import lean_ops
 from vit_jax import models
 from vit_jax import plan
 from vit_jax import target
+from vit_jax.models import ops as lean_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_LIBTPU = plan.importlib.util.find_spec('libtpu') is not None
+HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
 needs_libtpu = pytest.mark.skipif(
     not HAS_LIBTPU, reason="libtpu: pip install -e '.[tpu]' (CI installs it)")
 
@@ -88,7 +89,7 @@ def test_step_plan_cannot_build_is_one_line(flags, message):
 
 
 def test_missing_libtpu_says_how_to_install(monkeypatch):
-  monkeypatch.setattr(plan.importlib.util, 'find_spec', lambda name: None)
+  monkeypatch.setattr(importlib.util, 'find_spec', lambda name: None)
   with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[tpu\]'"):
     plan.topology_devices('v5e:2x2')
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from vit_jax import posemb_resize
+from vit_jax.models import posemb_resize
 
 GOLDEN = np.load(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               'data', 'timm_posemb_resize.npz'))

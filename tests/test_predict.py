@@ -1,4 +1,4 @@
-"""`python -m vit_jax.predict` and `vit_jax.preprocess`, against timm.
+"""`python -m vit_jax.predict` and `vit_jax.convert.transform`, against timm.
 
 timm's prepared pixels and probabilities of tests/data/predict_image.jpg
 come from scripts/make_predict_golden.py (torch and timm); these tests need
@@ -19,10 +19,10 @@ import pytest
 
 from helpers import random_params
 from vit_jax import checkpoint
-from vit_jax import model_configs
 from vit_jax import models
 from vit_jax import predict
-from vit_jax import preprocess
+from vit_jax.convert import transform as preprocess
+from vit_jax.models import presets as model_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'tests', 'data')
@@ -320,7 +320,7 @@ def test_labels_file_must_match_the_head(tmp_path):
 
 
 def test_preprocess_imports_neither_tensorflow_nor_torch():
-  code = ('import sys; import vit_jax.preprocess; '
+  code = ('import sys; import vit_jax.convert.transform; '
           "print([m for m in ('tensorflow', 'torch') if m in sys.modules])")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True,
                        text=True, timeout=120, cwd=ROOT, check=True).stdout

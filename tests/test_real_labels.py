@@ -5,7 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.configs import common
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline as input_pipeline
 from vit_jax.evaluators import classification
 
 

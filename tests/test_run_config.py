@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.configs import default
 from vit_jax import checkpoint
-from vit_jax import config_checks
 from vit_jax import convert
-from vit_jax import input_pipeline
 from vit_jax import models
-from vit_jax import preprocess
-from vit_jax import run_config
 from vit_jax import train
+from vit_jax.configs import default
+from vit_jax.convert import transform as preprocess
+from vit_jax.data import pipeline as input_pipeline
 from vit_jax.evaluators import fewshot
+from vit_jax.run import config_checks
+from vit_jax.run import run_config
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

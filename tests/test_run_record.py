@@ -10,8 +10,8 @@ import pytest
 
 from conftest import interrupt_at
 from conftest import make_tiny_config
-from vit_jax import run_record
 from vit_jax import train
+from vit_jax.run import run_record
 
 
 @pytest.fixture(scope='module')

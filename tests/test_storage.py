@@ -24,9 +24,9 @@ import tensorflow as tf
 
 from conftest import interrupt_at
 from vit_jax import checkpoint
-from vit_jax import input_pipeline
-from vit_jax import storage
 from vit_jax import train
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import storage
 
 
 @pytest.fixture

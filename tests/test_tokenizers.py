@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vit_jax import tokenizers
+from vit_jax.data import tokenizers
 
 VOCAB = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', 'a', 'photo', 'of', 'dog',
          '##s', 'cat', '.', 'cafe']

@@ -15,13 +15,13 @@ import pytest
 from conftest import FAST_COMPILE
 from conftest import interrupt_at
 from conftest import make_tiny_config
-from vit_jax import config_checks
 from vit_jax import inference_time
-from vit_jax import input_pipeline
-from vit_jax import loop
-from vit_jax import optim
-from vit_jax import sharding
 from vit_jax import train
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import config_checks
+from vit_jax.run import loop
+from vit_jax.run import optim
+from vit_jax.run import sharding
 from vit_jax.tasks import classification
 
 
@@ -314,7 +314,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
 
 def test_trains_a_mixer(tiny_config, tmp_path):
   """The model family follows the name prefix, as the original's get_model."""
-  from vit_jax import model_configs  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import presets as model_configs  # pylint: disable=g-import-not-at-top
   tiny_config.model_name = 'Mixer-testing'
   tiny_config.model = model_configs.MODEL_CONFIGS[
       'Mixer-testing'].copy_and_resolve_references()

@@ -12,16 +12,16 @@ import tensorflow_datasets as tfds
 
 from vit_jax.configs import lit_fmnist
 from tests import helpers
-from vit_jax import caption_data
 from vit_jax import checkpoint
-from vit_jax import model_configs
 from vit_jax import models
-from vit_jax import sharding
-from vit_jax import tokenizers
-from vit_jax import input_pipeline
-from vit_jax import loop
 from vit_jax import train
+from vit_jax.data import captions as caption_data
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import tokenizers
 from vit_jax.evaluators import zeroshot
+from vit_jax.models import presets as model_configs
+from vit_jax.run import loop
+from vit_jax.run import sharding
 from vit_jax.tasks import lit
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny_config
-from vit_jax.configs import common
-from vit_jax.configs import swin
-from vit_jax import config_checks
 from vit_jax import models
 from vit_jax import train
+from vit_jax.configs import common
+from vit_jax.configs import swin
+from vit_jax.run import config_checks
 
 
 def test_tiny_swin_trains_on_the_mesh(fmnist_dirs, tmp_path, capsys):

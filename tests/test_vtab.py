@@ -6,8 +6,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax.configs import vtab
-from vit_jax import config_checks
-from vit_jax import task_labels
+from vit_jax.data import labels as task_labels
+from vit_jax.run import config_checks
 
 # task_adaptation's val200 starts at pct% of the train split of n examples;
 # where the test split is cut from train too, it starts at test_pct%.

@@ -1,5 +1,5 @@
 """Vision Transformer research code in JAX/Flax (see README.md)."""
 
-from vit_jax import tf_startup
+from vit_jax.run import tf_startup
 
 tf_startup.install()  # TensorFlow's C++ start-up lines off the screen

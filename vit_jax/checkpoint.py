@@ -17,10 +17,11 @@ import jax
 import numpy as np
 import tqdm.auto as tqdm
 
-from vit_jax import model_configs
 from vit_jax import models
-from vit_jax import models_vit
-from vit_jax import posemb_resize
+from vit_jax.models import posemb
+from vit_jax.models import posemb_resize
+from vit_jax.models import presets as model_configs
+from vit_jax.models import vit as models_vit
 # pylint: disable=unused-import
 from vit_jax.checkpoint_files import CheckpointError
 from vit_jax.checkpoint_files import inspect_params
@@ -31,8 +32,8 @@ from vit_jax.checkpoint_files import save
 from vit_jax.checkpoint_files import scan_like
 from vit_jax.checkpoint_files import shape_of
 from vit_jax.checkpoint_files import wrong_shapes
-from vit_jax.posemb_resize import interpolate_posembed
-from vit_jax.posemb_resize import resize_posemb_grid
+from vit_jax.models.posemb_resize import interpolate_posembed
+from vit_jax.models.posemb_resize import resize_posemb_grid
 # pylint: enable=unused-import
 
 Params = Dict[str, Any]
@@ -105,7 +106,7 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
     raise ValueError('The checkpoint has no position table that fixes its '
                      'resolution: give the image size.')
   side = int(round(np.sqrt(tokens)))
-  return side * patch * models_vit.resnet_stride(model_config.get('resnet'))
+  return side * patch * posemb.resnet_stride(model_config.get('resnet'))
 
 
 # Fitting a checkpoint to the model.
@@ -180,11 +181,11 @@ def _grid_change(table_grids, have, prefix) -> str:
 
 def _resize_interp2d(tables, path, have, want):
   """Resamples an 'interp2d' grid (H0, W0, D) to the model's, in place, as
-  the model would at that grid (`models_vit.interp2d_posemb`)."""
+  the model would at that grid (`posemb.interp2d_posemb`)."""
   if have == want or len(have) != 3 or len(want) != 3 or have[2] != want[2]:
     return  # inspect_params lists what does not fit
   positions = models_vit.grid_positions(want[:2])
-  grid = models_vit.interp2d_posemb(np.asarray(tables['pos_embedding_grid']),
+  grid = posemb.interp2d_posemb(np.asarray(tables['pos_embedding_grid']),
                                     *positions)
   tables['pos_embedding_grid'] = np.asarray(grid).reshape(want)
   _note(path, f'resampled pos_embedding_grid from {have} to {want}')

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax import storage
+from vit_jax.run import storage
 
 Params = Dict[str, Any]
 

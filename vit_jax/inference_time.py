@@ -10,7 +10,7 @@ from clu import metric_writers
 import jax
 import jax.numpy as jnp
 
-from vit_jax import sharding
+from vit_jax.run import sharding
 from vit_jax.tasks import classification
 
 

@@ -13,8 +13,8 @@ import jax
 from ml_collections import config_flags
 
 from vit_jax import cli
-from vit_jax import config_checks
-from vit_jax import run_config
+from vit_jax.run import config_checks
+from vit_jax.run import run_config
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model

@@ -19,7 +19,6 @@ stay on chip: an estimate to compare plans by (docs/performance.md).
 """
 
 import dataclasses
-import importlib.util
 import math
 import os
 import re
@@ -35,7 +34,12 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
 
 from vit_jax import cli  # pylint: disable=g-import-not-at-top
-from vit_jax import tf_startup  # pylint: disable=g-import-not-at-top
+from vit_jax.tpu_slices import check_libtpu  # pylint: disable=g-import-not-at-top
+from vit_jax.tpu_slices import Chip  # pylint: disable=g-import-not-at-top
+from vit_jax.tpu_slices import CHIPS  # pylint: disable=g-import-not-at-top,unused-import
+from vit_jax.tpu_slices import cores_per_chip  # pylint: disable=g-import-not-at-top
+from vit_jax.tpu_slices import parse_topology  # pylint: disable=g-import-not-at-top
+from vit_jax.tpu_slices import topology_devices  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model
@@ -56,63 +60,10 @@ flags.DEFINE_float('host_img_per_core', None,
                    "input_pipeline's measured rate for the config's recipe.")
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """A TPU generation's published figures, per chip (Cloud TPU docs)."""
-  name: str
-  hbm_gib: float  # capacity
-  peak_tflops: float  # bf16 matmuls
-  hbm_gbps: float  # bandwidth, GB/s
-  chips_per_host: int  # of multi-host slices
-
-
-CHIPS = {
-    'v4': Chip('TPU v4', 32, 275, 1200, 4),
-    'v5e': Chip('TPU v5e', 16, 197, 819, 8),
-    'v5p': Chip('TPU v5p', 95, 459, 2765, 4),
-    'v6e': Chip('TPU v6e', 32, 918, 1640, 8),
-}
-_TOPOLOGY = re.compile(r'^(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})$')
-
-
-def parse_topology(name: str):
-  """(Chip, number of chips) of a topology name, checked before libtpu."""
-  match = _TOPOLOGY.match(name or '')
-  if not match:
-    raise ValueError(
-        f'--topology={name!r}; expected GENERATION:SHAPE with GENERATION one '
-        f'of {", ".join(CHIPS)}, e.g. v5e:2x2, v4:4x4x8, v5p:4x4x8, v6e:16x16.')
-  return CHIPS[match[1]], math.prod(int(n) for n in match[2].split('x'))
-
-
-def check_libtpu():
-  if importlib.util.find_spec('libtpu') is None:
-    raise ModuleNotFoundError(
-        'vit_jax.plan compiles with libtpu, which is not installed: '
-        "pip install -e '.[tpu]'")
-
-
-def topology_devices(name: str):
-  """The abstract devices of the TPU slice `name`, e.g. 'v5e:2x2'."""
-  parse_topology(name)
-  check_libtpu()
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  try:
-    # libtpu's warnings about the absent TPU host: off the screen, all of
-    # them (a refusal becomes one Error line below).
-    with tf_startup.filtered_stderr(noise=re.compile('')):
-      return topologies.get_topology_desc(platform='tpu',
-                                          topology_name=name).devices
-  except jax.errors.JaxRuntimeError as e:
-    raise ValueError(f'libtpu refuses --topology={name}: '
-                     f'{str(e).splitlines()[0]}') from None
-
-
 def dataset_info(config, num_classes=None):
   """A `DatasetInfo` for building the step: the head's classes from
   `num_classes`, else from the dataset's tfds metadata (no data read)."""
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=g-import-not-at-top
   if num_classes is None:
     num_classes = _metadata_classes(config)
   return input_pipeline.DatasetInfo(builder=None, num_classes=num_classes,
@@ -121,7 +72,7 @@ def dataset_info(config, num_classes=None):
 
 def _metadata_classes(config) -> int:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from vit_jax import task_labels  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import labels as task_labels  # pylint: disable=g-import-not-at-top
   try:
     builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
     return task_labels.num_classes(config.pp.get('label'), builder)
@@ -148,7 +99,8 @@ def sharded_state(config, devices, info):
   """(the task, the mesh, the training state as ShapeDtypeStructs with
   their shardings, those shardings) of `config` on `devices`."""
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import loop, sharding, train  # pylint: disable=g-import-not-at-top
+  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import loop, sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(config.mesh, devices)
   task = train.make_task(config, None, mesh=mesh, info=info)
   _, abstract, shardings = loop.abstract_state(task, config, mesh)
@@ -163,7 +115,8 @@ def _lowered_step(config, devices, info, platform=None):
   the implementations of `platform` (default: the devices'), its state,
   the number of chips on the `data` axis)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import loop, sharding, target  # pylint: disable=g-import-not-at-top
+  from vit_jax import target  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import loop, sharding  # pylint: disable=g-import-not-at-top
   task, mesh, state, shardings = sharded_state(config, devices, info)
   data = sharding.batch_sharding(mesh)
   batch = jax.tree.map(
@@ -219,11 +172,6 @@ def _unrolled_cost(config, devices, info):
                  'model.transformer.num_layers': n}), devices, info)[0]
                     .compile()) for n in (1, 2))
   return tuple(a + (layers - 1) * (b - a) for a, b in zip(one, two))
-
-
-def cores_per_chip(devices) -> int:
-  """TensorCores of a chip that are devices of their own (v4: 2)."""
-  return len({getattr(d, 'core_on_chip', 0) for d in devices})
 
 
 def per_chip_bytes(tree) -> int:
@@ -455,7 +403,7 @@ def fit_table(config, devices, info, chip, start: int):
   transformer = config.model.get('transformer')
   policies = ('none',)
   if transformer is not None and 'remat_policy' in transformer:
-    from vit_jax import models_vit  # pylint: disable=g-import-not-at-top
+    from vit_jax.models import vit as models_vit  # pylint: disable=g-import-not-at-top
     policies = tuple(models_vit.REMAT_POLICIES)
   lines = [f'Largest batch per chip that fits {chip.hbm_gib:g} GiB '
            '(estimates as above, one micro-batch):',
@@ -485,10 +433,10 @@ def fit_table(config, devices, info, chip, start: int):
 def main(argv):
   import time  # pylint: disable=g-import-not-at-top
   from absl import app  # pylint: disable=g-import-not-at-top
-  from vit_jax import config_checks  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import config_checks  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax import run_config  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import run_config  # pylint: disable=g-import-not-at-top
   config = run_config.resolve(
       FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
   chip, chips = parse_topology(FLAGS.topology)
@@ -497,7 +445,7 @@ def main(argv):
     raise ValueError(f'config.trainer={config.trainer!r}: vit_jax.plan '
                      f'compiles the steps of {config_checks.PLANNED}.')
   devices = topology_devices(FLAGS.topology)
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import sharding  # pylint: disable=g-import-not-at-top
   config_checks.validate(
       config, sharding.make_mesh(config.mesh, devices).shape['data'])
   info = dataset_info(config, FLAGS.num_classes)
@@ -521,6 +469,6 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'topology'])
-  from vit_jax import run_config  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import run_config  # pylint: disable=g-import-not-at-top
   sys.argv, HELD = run_config.held_model_flags(sys.argv)
   cli.run(main, config_flag='config')

@@ -26,10 +26,10 @@ import numpy as np
 
 from vit_jax import checkpoint
 from vit_jax import cli
-from vit_jax import model_configs
 from vit_jax import models
-from vit_jax import preprocess
-from vit_jax import run_config
+from vit_jax.convert import transform as preprocess
+from vit_jax.models import presets as model_configs
+from vit_jax.run import run_config
 
 FLAGS = flags.FLAGS
 

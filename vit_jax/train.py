@@ -11,13 +11,13 @@ or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 import jax
 import optax
 
-from vit_jax import config_checks
-from vit_jax import loop
 from vit_jax import losses
 from vit_jax import models
-from vit_jax import run_record
-from vit_jax import sharding
 from vit_jax import utils
+from vit_jax.run import config_checks
+from vit_jax.run import loop
+from vit_jax.run import run_record
+from vit_jax.run import sharding
 from vit_jax.tasks import classification
 from vit_jax.tasks import distillation
 from vit_jax.tasks import lit

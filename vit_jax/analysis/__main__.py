@@ -34,9 +34,9 @@ import tensorflow as tf
 
 from vit_jax import cli
 from vit_jax import predict
-from vit_jax import preprocess
-from vit_jax import run_config
 from vit_jax.analysis import paper_figures
+from vit_jax.convert import transform as preprocess
+from vit_jax.run import run_config
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model

@@ -6,7 +6,8 @@ import re
 import jax
 import numpy as np
 
-from vit_jax import models_vit
+from vit_jax.models import posemb
+from vit_jax.models import vit as models_vit
 
 _BLOCK = re.compile(r'encoderblock(?:_(\d+))?$')
 
@@ -19,7 +20,7 @@ def num_prefix_tokens(model_config) -> int:
 
 def pixel_patch_size(model_config):
   """(height, width) in input pixels of the image area behind one token."""
-  stride = models_vit.resnet_stride(model_config.get('resnet'))
+  stride = posemb.resnet_stride(model_config.get('resnet'))
   ph, pw = models_vit.patch_size(model_config['patches'])
   return ph * stride, pw * stride
 

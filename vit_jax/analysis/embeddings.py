@@ -3,7 +3,7 @@ centre) and the principal components of the patch filters (Fig. 7 left)."""
 
 import numpy as np
 
-from vit_jax import models_vit
+from vit_jax.models import vit as models_vit
 
 
 def patch_position_embeddings(params, grid, posemb='learn', prefix=1):

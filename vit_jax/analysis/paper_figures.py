@@ -11,11 +11,11 @@ from etils import epath
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import input_pipeline
-from vit_jax import models_vit
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.models import posemb
 
 FIGURES = ('attention_distance', 'position_similarity', 'filters', 'rollout')
 
@@ -69,7 +69,7 @@ def analyze(model, params, images, rollout_images=None, gray=False):
          'classifier': model.classifier,
          'num_registers': getattr(model, 'num_registers', 0)}
   size = images.shape[1:3]
-  grid = models_vit.token_grid(cfg, size)
+  grid = posemb.token_grid(cfg, size)
   patch = attention.pixel_patch_size(cfg)
   prefix = attention.num_prefix_tokens(cfg)
   if rollout_images is None:

@@ -13,8 +13,8 @@ from clu import metrics as clu_metrics
 import jax
 import numpy as np
 
-from vit_jax import input_pipeline
-from vit_jax import sharding
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import sharding
 
 
 class Evaluator:

@@ -14,7 +14,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline as input_pipeline
 from vit_jax.evaluators import common
 
 BIAS_FEATURE = 100.

@@ -4,7 +4,7 @@ tasks that need them not.
 A task is built once per run, before anything compiles, from (config,
 workdir, mesh, training=, info=); it says only what differs between runs:
 its model and initial parameters, the optimizer's labels, its step and
-batches. The loop (`vit_jax/loop.py`) owns the rest.
+batches. The loop (`vit_jax/run/loop.py`) owns the rest.
 """
 
 from typing import Any, Callable, Optional, Sequence

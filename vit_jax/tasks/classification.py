@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import checkpoint
-from vit_jax import config_checks
-from vit_jax import input_pipeline
-from vit_jax import loop
 from vit_jax import losses
-from vit_jax import mixing
 from vit_jax import models
+from vit_jax.data import mixing
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import config_checks
+from vit_jax.run import loop
 from vit_jax.tasks import base
 
 

@@ -22,9 +22,9 @@ import optax
 
 from vit_jax import checkpoint
 from vit_jax import losses
-from vit_jax import mixing
 from vit_jax import models
-from vit_jax import run_record
+from vit_jax.data import mixing
+from vit_jax.run import run_record
 from vit_jax.tasks import classification
 
 KINDS = ('hard', 'soft')

@@ -12,15 +12,15 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
-from vit_jax import caption_data
 from vit_jax import checkpoint
-from vit_jax import config_checks
 from vit_jax import losses
-from vit_jax import models_bert
-from vit_jax import models_lit
-from vit_jax import optim
-from vit_jax import storage
-from vit_jax import tokenizers
+from vit_jax.data import captions as caption_data
+from vit_jax.data import tokenizers
+from vit_jax.models import bert as models_bert
+from vit_jax.models import lit as models_lit
+from vit_jax.run import config_checks
+from vit_jax.run import optim
+from vit_jax.run import storage
 from vit_jax.tasks import base
 
 

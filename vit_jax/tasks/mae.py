@@ -22,12 +22,13 @@ from matplotlib import figure
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import config_checks
-from vit_jax import input_pipeline
-from vit_jax import loop
-from vit_jax import models_mae
-from vit_jax import models_vit
-from vit_jax import storage
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.models import mae as models_mae
+from vit_jax.models import posemb
+from vit_jax.models import vit as models_vit
+from vit_jax.run import config_checks
+from vit_jax.run import loop
+from vit_jax.run import storage
 from vit_jax.tasks import base
 
 DECODER_KEYS = ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim')
@@ -130,7 +131,7 @@ class Task(base.Task):
     self.settings = check_settings(config)
     self.config, self.mesh = config, mesh
     encoder = models_mae.encoder_config(config.model.to_dict())
-    self.grid = models_vit.token_grid(config.model, (config.pp.crop,) * 2)
+    self.grid = posemb.token_grid(config.model, (config.pp.crop,) * 2)
     self.num_patches = self.grid[0] * self.grid[1]
     models_mae.num_kept(self.num_patches, self.settings.mask_ratio)  # checks
     self.info = info or input_pipeline.dataset_info(

@@ -19,7 +19,7 @@ from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import input_pipeline
+from vit_jax.data import pipeline as input_pipeline
 
 CAPTIONS_FILE = 'captions.tsv'
 

@@ -2,7 +2,7 @@
 size and aspect ratio ("Patch n' Pack").
 
 A batch holds B sequences of N tokens; each sequence packs the patches of
-several images and padding (`vit_jax.packing` makes them):
+several images and padding (`vit_jax.data.packing` makes them):
   patches: float (B, N, p * p * C), each patch's pixels in (p, p, C) order;
   segment_ids: int (B, N), the token's image 1..max_images, 0 on padding;
   rows, cols: int (B, N), the token's place in its image's patch grid;
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import models_vit
+from vit_jax.models import posemb
+from vit_jax.models import vit as models_vit
 
 POSEMBS = ('factorized', 'factorized_frac', 'interp2d', 'rope2d')
 POOLS = ('map', 'gap')
@@ -180,7 +181,7 @@ class FactorizedPosEmb(nn.Module):
                      (self.max_grid, width))
     col = self.param('pos_embedding_col', self.posemb_init,
                      (self.max_grid, width))
-    return models_vit.factorized_posemb(row, col, *positions,
+    return posemb.factorized_posemb(row, col, *positions,
                                         fractional=self.fractional)
 
 

@@ -26,7 +26,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from vit_jax import model_configs
+from vit_jax.models import presets as model_configs
 
 Flat = Dict[str, np.ndarray]
 

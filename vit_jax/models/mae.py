@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import models_vit
+from vit_jax.models import vit as models_vit
 
 NORM_PIX_EPS = 1e-6  # MAE's
 

@@ -29,14 +29,14 @@ import orbax.checkpoint as ocp
 import tqdm.auto
 
 from vit_jax import checkpoint
-from vit_jax import config_checks
-from vit_jax import optim
-from vit_jax import run_record
-from vit_jax import sharding
-from vit_jax import storage
 from vit_jax import target
 from vit_jax.evaluators import common as evaluators_common
 from vit_jax.evaluators import registry
+from vit_jax.run import config_checks
+from vit_jax.run import optim
+from vit_jax.run import run_record
+from vit_jax.run import sharding
+from vit_jax.run import storage
 
 TrainState = train_state.TrainState
 _POLICIES = ocp.checkpoint_managers

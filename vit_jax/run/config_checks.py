@@ -12,11 +12,11 @@ from absl import logging
 from vit_jax import checkpoint
 from vit_jax import cli
 from vit_jax import models
-from vit_jax import models_swin
-from vit_jax import models_vit
-from vit_jax import optim
-from vit_jax import sharding
-from vit_jax import storage
+from vit_jax.models import swin as models_swin
+from vit_jax.models import vit as models_vit
+from vit_jax.run import optim
+from vit_jax.run import sharding
+from vit_jax.run import storage
 
 # `config.trainer`: the tasks of `train.TASKS`, the evaluations of
 # `train.EVALUATIONS`, and `inference_time`.

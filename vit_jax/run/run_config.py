@@ -20,10 +20,10 @@ import ml_collections
 from ml_collections import config_flags
 
 from vit_jax import cli
-from vit_jax import config_checks
-from vit_jax import model_configs
-from vit_jax import preprocess
-from vit_jax import storage
+from vit_jax.convert import transform as preprocess
+from vit_jax.models import presets as model_configs
+from vit_jax.run import config_checks
+from vit_jax.run import storage
 
 Normalization = Tuple[Optional[tuple], Optional[tuple]]
 

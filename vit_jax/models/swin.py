@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import models_vit
+from vit_jax.models import vit as models_vit
 
 # The original's (and timm's) value for masked logits: exp(-100) is zero in
 # float32 next to the unmasked ones, and finite, so no NaN can arise.

@@ -1,0 +1,41 @@
+r"""Weights in timm's layout <-> the published .npz format.
+
+  python -m vit_jax.convert timm_folder ViT-B_16.npz       # timm -> .npz
+  python -m vit_jax.convert model.safetensors ViT-B_16.npz
+  python -m vit_jax.convert ViT-B_16.npz model.safetensors  # .npz -> timm
+
+A timm checkpoint is a folder holding `config.json` and `model.safetensors`
+(or `pytorch_model.bin`): a Hugging Face hub download, `timm.models.
+save_for_hf`'s output, or a weights file with `config.json` beside it.
+`config.json` says how timm computes: each setting is either carried over
+to vit_jax's model config (pooling, GELU's form) or refused, naming it;
+nothing is written then. Without `config.json` timm's defaults are assumed,
+as a note on stderr says. The preset is inferred from the shapes and the
+heads (`--model_name` to choose it, refused if it does not fit). The eval
+transform and the settings that differ from the preset go beside the `.npz`
+(`preprocess.save_transform`). ViTs (DeiT's distilled ones too: `dist_token`
+and `head_dist` become `dist` and `head_dist`; LayerScale, registers, a
+table without the prefix entries, `fc_norm` and SwiGLU: DINOv2, DeiT III,
+MAE), hybrids and (without `config.json`) MLP-Mixers are converted; so are Swin
+Transformers (`convert_swin`, which lists the names). MAE's
+encoder is a plain ViT: its `config.json` tag 'mae' (the hub's
+`timm/vit_base_patch16_224.mae`) or `--model_name=MAE-B_16` picks the
+preset. `.safetensors` is read with
+safetensors' numpy API, a torch `.pth`/`.bin` with
+`torch.load(weights_only=True)` (both optional: `pip install -e
+'.[convert]'`).
+"""
+
+# pylint: disable=unused-import
+from vit_jax.convert.converter import check_preset
+from vit_jax.convert.converter import convert
+from vit_jax.convert.converter import fetch
+from vit_jax.convert.converter import from_timm
+from vit_jax.convert.converter import infer_preset
+from vit_jax.convert.converter import locate
+from vit_jax.convert.converter import read_timm
+from vit_jax.convert.converter import Source
+from vit_jax.convert.names import npz_to_timm
+from vit_jax.convert.names import timm_to_npz
+from vit_jax.convert.timm_config import timm_settings
+from vit_jax.convert.timm_config import vit_overrides

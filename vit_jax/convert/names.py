@@ -1,0 +1,224 @@
+"""Parameter names and layouts: timm's state dict <-> the published .npz
+(ViTs and DeiT's, hybrids, MLP-Mixers); Swin's are `convert.swin`'s."""
+
+import re
+from typing import Dict
+
+import numpy as np
+
+
+Flat = Dict[str, np.ndarray]
+
+
+# (timm key, npz key) regexes of the parameters that map one to one; the
+# values are transposed by `_to_npz` / `_to_timm` as their ranks say.
+_VIT = [
+    (r'cls_token', 'cls'),
+    (r'dist_token', 'dist'),
+    (r'reg_token', 'reg'),
+    (r'blocks\.(\d+)\.ls([12])\.gamma',
+     r'Transformer/encoderblock_\1/ls\2/scale'),
+    (r'pos_embed', 'Transformer/posembed_input/pos_embedding'),
+    (r'patch_embed\.proj\.(weight|bias)', r'embedding/\1'),
+    (r'blocks\.(\d+)\.norm1\.(weight|bias)',
+     r'Transformer/encoderblock_\1/LayerNorm_0/\2'),
+    (r'blocks\.(\d+)\.norm2\.(weight|bias)',
+     r'Transformer/encoderblock_\1/LayerNorm_2/\2'),
+    (r'blocks\.(\d+)\.mlp\.fc1\.(weight|bias)',
+     r'Transformer/encoderblock_\1/MlpBlock_3/Dense_0/\2'),
+    (r'blocks\.(\d+)\.mlp\.fc2\.(weight|bias)',
+     r'Transformer/encoderblock_\1/MlpBlock_3/Dense_1/\2'),
+    (r'norm\.(weight|bias)', r'Transformer/encoder_norm/\1'),
+    (r'fc_norm\.(weight|bias)', r'fc_norm/\1'),
+    (r'head\.(weight|bias)', r'head/\1'),
+    (r'head_dist\.(weight|bias)', r'head_dist/\1'),
+]
+# The hybrids' ResNet (timm's ResNetV2 in `patch_embed.backbone`).
+_BACKBONE = r'patch_embed\.backbone\.'
+_UNIT = _BACKBONE + r'stages\.(\d+)\.blocks\.(\d+)\.'
+_HYBRID = [
+    (_BACKBONE + r'stem\.conv\.weight', 'conv_root/weight'),
+    (_BACKBONE + r'stem\.norm\.(weight|bias)', r'gn_root/\1'),
+    (_UNIT + r'downsample\.conv\.weight',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/conv_proj/weight'),
+    (_UNIT + r'downsample\.norm\.(weight|bias)',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/gn_proj/{m[3]}'),
+    (_UNIT + r'conv(\d)\.weight',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/conv{m[3]}/weight'),
+    (_UNIT + r'norm(\d)\.(weight|bias)',
+     lambda m: f'block{int(m[1]) + 1}/unit{int(m[2]) + 1}/gn{m[3]}/{m[4]}'),
+]
+_MIXER = [
+    (r'stem\.proj\.(weight|bias)', r'stem/\1'),
+    (r'blocks\.(\d+)\.norm1\.(weight|bias)', r'MixerBlock_\1/LayerNorm_0/\2'),
+    (r'blocks\.(\d+)\.norm2\.(weight|bias)', r'MixerBlock_\1/LayerNorm_1/\2'),
+    (r'blocks\.(\d+)\.mlp_tokens\.fc(\d)\.(weight|bias)',
+     lambda m: f'MixerBlock_{m[1]}/token_mixing/Dense_{int(m[2]) - 1}/{m[3]}'),
+    (r'blocks\.(\d+)\.mlp_channels\.fc(\d)\.(weight|bias)',
+     lambda m: f'MixerBlock_{m[1]}/channel_mixing/Dense_{int(m[2]) - 1}/'
+     f'{m[3]}'),
+    (r'norm\.(weight|bias)', r'pre_head_layer_norm/\1'),
+    (r'head\.(weight|bias)', r'head/\1'),
+]
+_ATTENTION = re.compile(r'blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)')
+_BLOCK_NPZ = 'Transformer/encoderblock_{}/MultiHeadDotProductAttention_1/'
+
+
+def _leaf_to_npz(value: np.ndarray) -> np.ndarray:
+  """torch's (out, in[, kh, kw]) weights -> flax's ([kh, kw,] in, out)."""
+  if value.ndim == 4:
+    return value.transpose(2, 3, 1, 0)
+  return value.T if value.ndim == 2 else value
+
+
+def _leaf_to_timm(value: np.ndarray) -> np.ndarray:
+  if value.ndim == 4:
+    return value.transpose(3, 2, 0, 1)
+  return value.T if value.ndim == 2 else value
+
+
+def _rules(mixer: bool) -> list:
+  return _MIXER if mixer else _VIT + _HYBRID
+
+
+def _attention_to_npz(state: Flat, heads: int) -> Flat:
+  """The fused qkv and proj of each block -> query/key/value/out."""
+  out = {}
+  for key, value in state.items():
+    match = _ATTENTION.fullmatch(key)
+    if not match:
+      continue
+    prefix = _BLOCK_NPZ.format(match[1])
+    if match[2] == 'qkv':
+      for name, part in zip(('query', 'key', 'value'), np.split(value, 3)):
+        if match[3] == 'weight':  # (H K, D) -> (D, H, K)
+          out[f'{prefix}{name}/kernel'] = part.T.reshape(
+              part.shape[1], heads, -1)
+        else:
+          out[f'{prefix}{name}/bias'] = part.reshape(heads, -1)
+    elif match[3] == 'weight':  # (D, H K) -> (H, K, D)
+      out[f'{prefix}out/kernel'] = value.T.reshape(heads, -1, value.shape[0])
+    else:
+      out[f'{prefix}out/bias'] = value
+  return out
+
+
+def _npz_name(key: str, rules) -> str:
+  """The published name of timm's `key`, or None."""
+  for pattern, target in rules:
+    match = re.fullmatch(pattern, key)
+    if match:
+      name = match.expand(target) if isinstance(target, str) else target(
+          match)
+      norm = re.search(r'(LayerNorm_\d|encoder_norm|fc_norm|'
+                       r'pre_head_layer_norm|gn\w*)/weight$', name)
+      return re.sub(r'/weight$', '/scale' if norm else '/kernel', name)
+  return None
+
+
+def timm_to_npz(state: Flat, heads: int) -> Flat:
+  """A timm state dict (numpy) -> '/'-joined published names."""
+  rules = _rules(mixer=any(k.startswith('stem.') for k in state))
+  out = _attention_to_npz(state, heads)
+  unknown = []
+  for key, value in state.items():
+    if _ATTENTION.fullmatch(key):
+      continue
+    name = _npz_name(key, rules)
+    if name is None:
+      unknown.append(key)
+    else:
+      out[name] = _leaf_to_npz(np.asarray(value))
+  if unknown:
+    shown = ', '.join(repr(k) for k in unknown[:6])
+    more = f' and {len(unknown) - 6} more' if len(unknown) > 6 else ''
+    raise ValueError(
+        f'timm key{"s" if len(unknown) > 1 else ""} {shown}{more} '
+        f'{"have" if len(unknown) > 1 else "has"} no counterpart in vit_jax '
+        '(a query/key norm, attention pooling, or another layer that '
+        'vit_jax does not have).')
+  return out
+
+
+def missing_keys(flat: Flat) -> list:
+  """What a ViT's published names lack of what every ViT has."""
+  if 'stem/kernel' in flat:
+    return []
+  norm = 'fc_norm' if 'fc_norm/scale' in flat else 'Transformer/encoder_norm'
+  need = ['embedding/kernel', 'embedding/bias',
+          'Transformer/posembed_input/pos_embedding', f'{norm}/scale',
+          f'{norm}/bias']
+  blocks = {m[1] for k in flat
+            for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
+  leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')
+            for leaf in ('scale', 'bias')]
+  leaves += [f'MlpBlock_3/Dense_{i}/{leaf}' for i in (0, 1)
+             for leaf in ('kernel', 'bias')]
+  leaves += [f'MultiHeadDotProductAttention_1/{part}/{leaf}'
+             for part in ('query', 'key', 'value', 'out')
+             for leaf in ('kernel', 'bias')]
+  if any(re.search('/ls[12]/scale$', k) for k in flat):  # all or none
+    leaves += ['ls1/scale', 'ls2/scale']
+  need += [f'Transformer/encoderblock_{b}/{leaf}' for b in sorted(blocks)
+           for leaf in leaves]
+  return [name for name in need if name not in flat]
+
+
+def _timm_keys(flat: Flat) -> list:
+  """Every one-to-one timm key that a model with these npz names has."""
+  blocks = {int(m[1]) for k in flat
+            for m in [re.search(r'(?:encoderblock|MixerBlock)_(\d+)/', k)] if m}
+  if any(k.startswith('MixerBlock_') for k in flat):
+    top, inner = ['stem.proj', 'norm', 'head'], [
+        'norm1', 'norm2', 'mlp_tokens.fc1', 'mlp_tokens.fc2',
+        'mlp_channels.fc1', 'mlp_channels.fc2']
+  else:
+    top = ['patch_embed.proj', 'norm', 'fc_norm', 'head', 'head_dist']
+    inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.fc2']
+  modules = top + [f'blocks.{i}.{n}' for i in sorted(blocks) for n in inner]
+  keys = ['cls_token', 'dist_token', 'reg_token', 'pos_embed'] + [
+      f'{m}.{w}' for m in modules for w in ('weight', 'bias')]
+  keys += [f'blocks.{i}.ls{j}.gamma' for i in sorted(blocks) for j in (1, 2)]
+  backbone = 'patch_embed.backbone.'
+  keys += [backbone + 'stem.conv.weight', backbone + 'stem.norm.weight',
+           backbone + 'stem.norm.bias']
+  for key in flat:  # the ResNet's units, as the .npz has them
+    match = re.match(r'block(\d+)/unit(\d+)/(conv|gn)(\w+)/', key)
+    if match:
+      unit = f'{backbone}stages.{int(match[1]) - 1}.blocks.{int(match[2]) - 1}.'
+      layer = ('downsample.' + ('conv' if match[3] == 'conv' else 'norm')
+               if match[4] == '_proj' else f'{match[3].replace("gn", "norm")}'
+               f'{match[4]}')
+      keys += [f'{unit}{layer}.weight'] + (
+          [f'{unit}{layer}.bias'] if match[3] == 'gn' else [])
+  return keys
+
+
+def npz_to_timm(flat: Flat) -> Flat:
+  """'/'-joined published names -> a timm state dict (numpy)."""
+  rules = _rules(mixer=any(k.startswith('MixerBlock_') for k in flat))
+  names = {_npz_name(key, rules): key for key in _timm_keys(flat)}
+  out, attention = {}, {}
+  for key, value in flat.items():
+    match = re.fullmatch(r'Transformer/encoderblock_(\d+)/'
+                         r'MultiHeadDotProductAttention_1/(\w+)/(\w+)', key)
+    if match:
+      attention[match[1], match[2], match[3]] = value
+    elif key in names:
+      out[names[key]] = _leaf_to_timm(value)
+    else:
+      raise ValueError(f'{key!r} has no counterpart in timm (a pre_logits '
+                       'or MAP head, or another position scheme).')
+  for (block, name, kind), value in attention.items():
+    if name != 'out':
+      continue
+    prefix = f'blocks.{block}.attn.'
+    qkv = [attention[block, n, kind] for n in ('query', 'key', 'value')]
+    if kind == 'kernel':  # (D, H, K) x 3 -> (3 H K, D); (H, K, D) -> (D, H K)
+      out[prefix + 'qkv.weight'] = np.concatenate(
+          [q.reshape(q.shape[0], -1).T for q in qkv])
+      out[prefix + 'proj.weight'] = value.reshape(-1, value.shape[-1]).T
+    else:
+      out[prefix + 'qkv.bias'] = np.concatenate([q.reshape(-1) for q in qkv])
+      out[prefix + 'proj.bias'] = value
+  return out

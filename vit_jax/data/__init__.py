@@ -1,0 +1,1 @@
+"""Data: tf.data pipelines, augmentations, packing, datasets, tokenizers."""

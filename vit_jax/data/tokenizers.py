@@ -1,0 +1,185 @@
+"""Text tokenizers of the LiT towers, as the original's `preprocess.py`.
+
+  'bert': WordPiece, lower-cased and accents stripped, with the checkpoint's
+    vocabulary file (one token a line): [CLS] first, then up to max_len - 1
+    word pieces, padded with 0 (BertModel masks 0 as padding).
+  'sentencepiece': the checkpoint's SentencePiece model: pieces and </s>, cut
+    to max_len - 1 and padded with </s>, so the last token is always </s>
+    (TextTransformer reads the last token).
+
+Both run offline on the CPU: HuggingFace `tokenizers` (WordPiece) and
+`sentencepiece`, the libraries' own implementations of the two algorithms.
+The original's tf.data forms follow them: each tokenizer's `preprocess_tf`,
+`PreprocessImages` and `get_pp`.
+"""
+
+import dataclasses
+import io
+from typing import Iterable, Sequence
+
+from etils import epath
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf
+from tokenizers import Tokenizer
+from tokenizers import models as tok_models
+from tokenizers import normalizers
+from tokenizers import pre_tokenizers
+
+TOKENIZERS = ('bert', 'sentencepiece')
+
+
+def _read(path, mode='r'):
+  """A local or remote (gs://...) file's content, through etils.epath."""
+  path = epath.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f'Vocabulary file not found: {path}')
+  return path.read_bytes() if 'b' in mode else path.read_text()
+
+
+def _check_texts(texts) -> Sequence[str]:
+  if isinstance(texts, str):
+    raise TypeError('Tokenizers take a sequence of texts; wrap one text in a '
+                    'list.')
+  return [t.decode() if isinstance(t, bytes) else str(t) for t in texts]
+
+
+class _GraphForm:
+  """`preprocess_tf(text)`: one text's tokens inside a tf.data pipeline."""
+
+  max_len: int
+
+  def preprocess_tf(self, text):
+    tokens = tf.numpy_function(lambda t: self([t])[0], [text], tf.int32)
+    return tf.ensure_shape(tokens, [self.max_len])
+
+
+class BertTokenizer(_GraphForm):
+  """BERT WordPiece with [CLS] prepended, to (n, max_len) int32."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    vocab = _read(vocab_path).split('\n')
+    if vocab and not vocab[-1]:
+      vocab.pop()  # the file's final newline
+    for special in ('[CLS]', '[UNK]'):
+      if special not in vocab:
+        raise ValueError(f'{vocab_path} is not a BERT vocabulary: no '
+                         f'{special} token.')
+    self.max_len = max_len
+    self.cls_token = vocab.index('[CLS]')
+    self.vocab_size = len(vocab)
+    ids = {token: i for i, token in reversed(list(enumerate(vocab)))}
+    self._tokenizer = Tokenizer(tok_models.WordPiece(
+        ids, unk_token='[UNK]', max_input_chars_per_word=200))
+    self._tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    encoded = self._tokenizer.encode_batch(_check_texts(texts),
+                                           add_special_tokens=False)
+    out = np.zeros((len(encoded), self.max_len), np.int32)
+    out[:, 0] = self.cls_token
+    for row, e in zip(out, encoded):
+      pieces = e.ids[:self.max_len - 1]
+      row[1:1 + len(pieces)] = pieces
+    return out
+
+
+class SentencepieceTokenizer(_GraphForm):
+  """SentencePiece with a sticky </s> last, to (n, max_len) int32."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    try:
+      self._sp = spm.SentencePieceProcessor(
+          model_proto=_read(vocab_path, 'rb'))
+    except RuntimeError as e:
+      raise ValueError(f'{vocab_path} is not a SentencePiece model: '
+                       f'{e}') from e
+    self.max_len = max_len
+    self.eos_token = self._sp.piece_to_id('</s>')
+    self.vocab_size = self._sp.get_piece_size()
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    encoded = self._sp.encode(_check_texts(texts), add_eos=True)
+    out = np.full((len(encoded), self.max_len), self.eos_token, np.int32)
+    for row, ids in zip(out, encoded):
+      ids = ids[:self.max_len - 1]
+      row[:len(ids)] = ids
+    return out
+
+
+def tokenizer_class(name: str):
+  """The tokenizer class `name` ('bert' or 'sentencepiece'); the original's
+  `preprocess.get_tokenizer`."""
+  if name not in TOKENIZERS:
+    raise ValueError(f'Unknown tokenizer {name!r}; expected one of '
+                     f'{TOKENIZERS}.')
+  return BertTokenizer if name == 'bert' else SentencepieceTokenizer
+
+
+def get_tokenizer(name: str, vocab_path: str, max_len: int):
+  """The tokenizer `name` ('bert' or 'sentencepiece') of a vocabulary file."""
+  cls = tokenizer_class(name)
+  if max_len < 2:
+    raise ValueError(f'max_len={max_len} leaves no room for a token.')
+  return cls(vocab_path, max_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessImages:
+  """LiT's images: resized to `size` x `size` (bilinear; with `crop`, the
+  short side to `size`, then a central crop), values in [-1, 1]; as the
+  original's. `preprocess_tf` takes one uint8 image in a tf.data pipeline,
+  a call a list of images (numpy)."""
+  size: int
+  crop: bool = False
+
+  def preprocess_tf(self, image):
+    if self.crop:
+      shape = tf.cast(tf.shape(image)[:2], tf.float32)
+      hw = tf.cast(tf.round(shape * self.size / tf.reduce_min(shape)),
+                   tf.int32)
+      image = tf.image.resize(image, hw, method='bilinear')
+      top, left = (hw[0] - self.size) // 2, (hw[1] - self.size) // 2
+      image = image[top:top + self.size, left:left + self.size]
+    else:
+      image = tf.image.resize(image, [self.size, self.size], method='bilinear')
+    # Back to uint8 first, as the original: its values, rounding included.
+    return tf.cast(tf.cast(image, tf.uint8), tf.float32) / 255 * 2 - 1
+
+  def __call__(self, images) -> np.ndarray:
+    return np.stack([self.preprocess_tf(tf.constant(image)).numpy()
+                     for image in images])
+
+
+def get_pp(*, tokenizer_name, vocab_path, max_len, size, crop=False):
+  """The original's tf.data map function: feature 'image' resized
+  (`PreprocessImages`), feature 'text' tokenized into 'tokens'."""
+  tokenizer = get_tokenizer(tokenizer_name, vocab_path, max_len)
+  images = PreprocessImages(size=size, crop=crop)
+
+  def pp(features):
+    features = dict(features)
+    if 'image' in features:
+      features['image'] = images.preprocess_tf(features['image'])
+    if 'text' in features:
+      features['tokens'] = tokenizer.preprocess_tf(features['text'])
+    return features
+
+  return pp
+
+
+def train_sentencepiece(texts: Iterable[str], path: str,
+                        vocab_size: int) -> str:
+  """Trains a SentencePiece model (unigram) on `texts`, writes it to `path`.
+
+  Pieces get ids from 3 on (unk 0, <s> 1, </s> 2, as the published models).
+  For small experiments whose captions have no published vocabulary.
+  """
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(list(texts)), model_writer=model,
+      vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
+      hard_vocab_limit=False, minloglevel=2, num_threads=1)
+  epath.Path(path).write_bytes(model.getvalue())
+  return path

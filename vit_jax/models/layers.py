@@ -1,0 +1,137 @@
+"""The building blocks that the ViT families share: MLP, DropPath,
+LayerScale, attention pooling (MAP) and token selection."""
+
+import functools
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from vit_jax import target
+from vit_jax.models import ops as lean_ops
+from vit_jax.models.attention import attention
+
+
+class IdentityLayer(nn.Module):
+  """Identity layer, so that an absent `pre_logits` keeps its name."""
+
+  @nn.compact
+  def __call__(self, x):
+    return x
+
+
+class DropPath(nn.Module):
+  """Stochastic depth: drops a residual branch for whole samples.
+
+  In training each sample's branch is kept with probability 1 - rate and
+  then scaled by 1 / (1 - rate), so its expectation is unchanged; at
+  evaluation it is the identity. Uses the 'dropout' rng.
+  """
+  rate: float = 0.
+
+  @nn.compact
+  def __call__(self, x, *, deterministic):
+    if not 0. <= self.rate < 1.:
+      raise ValueError(f'Drop path rate must be in [0, 1), got {self.rate}.')
+    # One draw per sample: the mask is broadcast over all other axes.
+    return nn.Dropout(self.rate, broadcast_dims=range(1, x.ndim))(
+        x, deterministic=deterministic)
+
+
+def drop_path_rates(rate, num_layers):
+  """Per-block drop path rates: linear from 0 (first) to `rate` (last)."""
+  return [rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
+
+
+class MlpBlock(nn.Module):
+  """Transformer MLP: Dense, GELU, dropout, Dense, dropout.
+
+  Attributes:
+    out_dim: output width (default: the input width).
+    gelu_approximate: flax's tanh GELU (Google's checkpoints); False: the
+      exact erf GELU (timm's and PyTorch's).
+    swiglu: SwiGLU instead of GELU (timm's SwiGLUPacked, DINOv2-g):
+      `Dense_0` makes 2 * mlp_dim features [x1, x2], and silu(x1) * x2
+      goes on.
+  """
+  mlp_dim: int
+  out_dim: Optional[int] = None
+  dropout_rate: float = 0.1
+  gelu_approximate: bool = True
+  swiglu: bool = False
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+  bias_init: Callable = nn.initializers.normal(stddev=1e-6)
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs, *, deterministic):
+    dense = functools.partial(nn.Dense, kernel_init=self.kernel_init,
+                              bias_init=self.bias_init, dtype=self.dtype)
+    if self.swiglu:
+      x1, x2 = jnp.split(dense(2 * self.mlp_dim)(inputs), 2, axis=-1)
+      x = nn.silu(x1) * x2
+    elif target.platform() != 'cpu':  # the CPU's trick costs HBM traffic
+      x = nn.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
+      x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    elif deterministic or self.dropout_rate == 0:
+      # GELU inside the next product, whose backward pass then keeps only
+      # the hidden layer before GELU (lean_ops.gelu_dot_general).
+      x = dense(self.mlp_dim)(inputs)
+      dense = functools.partial(dense, dot_general=functools.partial(
+          lean_ops.gelu_dot_general, approximate=self.gelu_approximate))
+    else:
+      x = lean_ops.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
+      x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
+    return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+
+
+class LayerScale(nn.Module):
+  """Learned per-channel scale of a residual branch (CaiT's LayerScale,
+  timm's `init_values`): a `scale` of shape (D,), initially `init_value`."""
+  init_value: float
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param('scale', nn.initializers.constant(self.init_value),
+                       (x.shape[-1],))
+    return x * scale.astype(x.dtype)
+
+
+def keep_patches(x, keep, prefix):
+  """The `prefix` leading tokens of `x`, then its patches at `keep`, the
+  (batch, k) indices into the tokens after the prefix."""
+  patches = jnp.take_along_axis(x[:, prefix:], keep[:, :, None], axis=1)
+  return jnp.concatenate([x[:, :prefix], patches], axis=1)
+
+
+class MAPHead(nn.Module):
+  """Multi-head attention pooling: a learned probe attends over the tokens.
+
+  Attributes:
+    mlp_dim: hidden width of the MLP after the attention (default 4 D).
+    gelu_approximate: see `MlpBlock`.
+  """
+  num_heads: int
+  mlp_dim: Optional[int] = None
+  gelu_approximate: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, mask=None):
+    """(batch, D) of (batch, tokens, D) `x`; with `mask`, (batch, queries,
+    tokens) bools, one pooled token per query, attending where True: (batch,
+    queries, D)."""
+    n, _, d = x.shape
+    queries = 1 if mask is None else mask.shape[1]
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d))
+    probe = jnp.tile(probe, (n, queries, 1)).astype(x.dtype)
+    x = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
+        attention_fn=attention, dtype=self.dtype)(
+            probe, x, mask=None if mask is None else mask[:, None])
+    y = lean_ops.LayerNorm(dtype=self.dtype)(x)
+    x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.,
+                     gelu_approximate=self.gelu_approximate,
+                     dtype=self.dtype)(y, deterministic=True)
+    return x[:, 0] if mask is None else x

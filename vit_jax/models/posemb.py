@@ -1,0 +1,297 @@
+"""Patch grids and position embeddings: learned 1-D and 2-D tables, 2-D
+sin-cos, an interpolated grid, 2-D RoPE and relative position biases (the
+paper's Appendix D.4; docs/position_embeddings.md), as functions of each
+token's place so that packed sequences (`navit`) use them too."""
+
+from typing import Callable, Tuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+
+POSEMBS = ('learn', 'none', 'learn2d', 'relative', 'sincos2d', 'rope2d',
+           'interp2d')
+ROPE_THETA = 10_000.  # MoonViT's (and EVA-02's) base of the RoPE frequencies
+
+
+class AddPositionEmbs(nn.Module):
+  """Adds a learned (1, tokens, width) position embedding to the tokens."""
+  posemb_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, inputs):
+    if inputs.ndim != 3:
+      raise ValueError(f'Expected (batch, tokens, width), got {inputs.shape}.')
+    return inputs + _posemb_table(
+        self, 'pos_embedding', (1, *inputs.shape[1:]),
+        'with `checkpoint.interpolate_posembed` (`load_pretrained` does)'
+    ).astype(inputs.dtype)
+
+
+class AddPositionEmbs2D(nn.Module):
+  """Adds learned row and column embeddings, concatenated per patch.
+
+  Patch (i, j) gets [row_i, col_j], each half of the width; the leading
+  (class) tokens get nothing.
+  """
+  posemb_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, inputs, grid):
+    d = inputs.shape[-1]
+    h, w = grid
+    if d % 2:
+      raise ValueError(f"posemb='learn2d' needs an even width, got {d}.")
+    fix = 'by 1-D interpolation along axis 1 (`load_pretrained` does)'
+    row = _posemb_table(self, 'pos_embedding_row', (1, h, d // 2), fix)
+    col = _posemb_table(self, 'pos_embedding_col', (1, w, d // 2), fix)
+    # Row-major: patch i * w + j gets row i and column j.
+    pe = jnp.concatenate([jnp.repeat(row, w, axis=1),
+                          jnp.tile(col, (1, h, 1))], axis=-1)
+    return inputs + pad_prefix(pe, inputs.shape[1] - h * w).astype(
+        inputs.dtype)
+
+
+def _posemb_table(module, name, shape, fix):
+  """`module`'s learned table `name` of `shape`, initialized if absent.
+
+  A stored table of another shape means a resolution change without a
+  resize: flax would raise too, but only this error says how to `fix` it.
+  """
+  if module.has_variable('params', name):
+    stored = module.get_variable('params', name).shape
+    if stored != shape:
+      raise ValueError(
+          f'The position embedding {name} has shape {stored} but the input '
+          f'needs {shape}: resize it for the new resolution {fix}.')
+  return module.param(name, module.posemb_init, shape)
+
+
+def posemb_sincos_2d(h, w, width, temperature=10_000., dtype=jnp.float32):
+  """Fixed 2-D sine-cosine position embeddings, as big_vision's.
+
+  (1, h * w, width), row-major over the (h, w) grid: patch (y, x) gets
+  [sin(x w_k), cos(x w_k), sin(y w_k), cos(y w_k)], w_k = temperature **
+  (-k / (width/4 - 1)), k = 0 .. width/4 - 1; `width` is a multiple of 4.
+  """
+  if width % 4:
+    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, "
+                     f'got {width}.')
+  quarter = width // 4
+  omega = 1. / temperature**(np.arange(quarter) / max(quarter - 1, 1))
+  y, x = np.mgrid[:h, :w]
+  x, y = (np.outer(v.ravel(), omega) for v in (x, y))
+  pe = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
+  return jnp.asarray(pe[None], dtype)
+
+
+def pad_prefix(pe, prefix):
+  """Prepends zero embeddings for the `prefix` (class) tokens."""
+  return jnp.pad(pe, ((0, 0), (prefix, 0), (0, 0)))
+
+
+# Position schemes as functions of each token's place: its (row, column) in
+# its image's patch grid and that grid's (height, width). The ordinary ViT
+# gives them `grid_positions`; a packed sequence (models_navit) its own.
+
+
+def grid_positions(grid):
+  """(rows, cols, heights, widths) of the patches of an (h, w) grid in
+  row-major order, each int32 (1, h * w)."""
+  h, w = grid
+  rows, cols = np.divmod(np.arange(h * w, dtype=np.int32), w)
+  full = np.full((1, h * w), 1, np.int32)
+  return rows[None], cols[None], h * full, w * full
+
+
+def factorized_posemb(row_table, col_table, rows, cols, heights, widths,
+                      fractional=False):
+  """NaViT's factorized embedding of each token: row_table[i] + col_table[j].
+
+  (i, j) is the token's (row, column); `fractional`: floor(row / height * G)
+  and floor(col / width * G), G the tables' length. Indices past the tables
+  are clipped (`models_navit.check_batch` rejects them on the host).
+  """
+  if fractional:  # integer arithmetic: exact floors; padding has height 0
+    rows = rows * row_table.shape[0] // jnp.maximum(heights, 1)
+    cols = cols * col_table.shape[0] // jnp.maximum(widths, 1)
+  return (jnp.take(row_table, rows, axis=0, mode='clip') +
+          jnp.take(col_table, cols, axis=0, mode='clip'))
+
+
+def _cubic_taps(index, size, source, a=-0.75):
+  """torch's bicubic resampling of `source` entries to `size`, one axis
+  (`interpolate(mode='bicubic', align_corners=False)`, no antialiasing).
+
+  For output entries `index` (ints), their 4 source entries (clamped to the
+  borders) and Keys' weights with `a`, each (..., 4).
+  """
+  scale = source / jnp.maximum(size, 1).astype(jnp.float32)
+  x = (index + 0.5) * scale - 0.5
+  x0 = jnp.floor(x)
+  t = (x - x0)[..., None]
+  taps = jnp.clip(x0.astype(jnp.int32)[..., None] + np.arange(-1, 3), 0,
+                  source - 1)
+
+  def near(d):  # |d| <= 1
+    return ((a + 2) * d - (a + 3)) * d * d + 1
+
+  def far(d):  # 1 < |d| < 2
+    return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+  weights = jnp.concatenate([far(t + 1), near(t), near(1 - t), far(2 - t)],
+                            axis=-1)
+  return taps, weights
+
+
+def interp2d_posemb(table, rows, cols, heights, widths):
+  """MoonViT's interpolated embedding of each token, (..., D).
+
+  The learned grid `table` (H0, W0, D) resampled to the token's image grid
+  (height, width) as torch's bicubic `interpolate` (`_cubic_taps`), at
+  (row, column). Where the grid is (H0, W0) that is the table itself.
+  """
+  ty, wy = _cubic_taps(rows, heights, table.shape[0])
+  tx, wx = _cubic_taps(cols, widths, table.shape[1])
+  entries = table[ty[..., :, None], tx[..., None, :]]  # (..., 4, 4, D)
+  weights = (wy[..., :, None] * wx[..., None, :])[..., None]
+  # A sum, not a matmul: float32 even where matmuls default to less.
+  return jnp.sum(entries * weights.astype(table.dtype), axis=(-3, -2))
+
+
+def rope2d_angles(rows, cols, head_dim, theta=ROPE_THETA):
+  """MoonViT's 2-D RoPE angles of each token, float32 (..., head_dim / 2).
+
+  Frequencies f_k = theta ** (-4k / head_dim), k < head_dim / 4; angle 2k is
+  col * f_k and angle 2k + 1 is row * f_k. A token at (0, 0) (and a class
+  token, given 0s) is not rotated.
+  """
+  freqs = (theta**(-np.arange(0, head_dim, 4) / head_dim)).astype(np.float32)
+  angles = jnp.stack([jnp.asarray(cols, jnp.float32)[..., None] * freqs,
+                      jnp.asarray(rows, jnp.float32)[..., None] * freqs], -1)
+  return angles.reshape(*angles.shape[:-2], head_dim // 2)
+
+
+def rope_head_dim(width, num_heads):
+  """The head width of 2-D RoPE, once checked: divisible by 4."""
+  if width % num_heads or (width // num_heads) % 4:
+    raise ValueError(f"posemb='rope2d' needs a head width (hidden_size / "
+                     f'num_heads) divisible by 4, got {width} / {num_heads}.')
+  return width // num_heads
+
+
+def apply_rope(x, angles):
+  """Rotates (batch, tokens, heads, d) `x` by (batch, tokens, d / 2)
+  `angles`: pair (x[2j], x[2j + 1]) as a complex number, by angle j."""
+  pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
+  re, im = pairs[..., 0], pairs[..., 1]
+  cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
+  out = jnp.stack([re * cos - im * sin, re * sin + im * cos], axis=-1)
+  return out.reshape(x.shape).astype(x.dtype)
+
+
+class Interp2DPosEmb(nn.Module):
+  """MoonViT's learned 2-D grid `pos_embedding_grid`, interpolated to each
+  token's image grid (`interp2d_posemb`).
+
+  The grid is created as `shape` (H0, W0, D); once it exists its stored
+  (H0, W0) is kept, whatever the images' grids.
+  """
+  posemb_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, positions, shape):
+    """The (..., D) embeddings of `positions` (rows, cols, heights, widths)."""
+    if self.has_variable('params', 'pos_embedding_grid'):
+      stored = self.get_variable('params', 'pos_embedding_grid').shape
+      shape = (*stored[:2], shape[2])
+    table = self.param('pos_embedding_grid', self.posemb_init, shape)
+    return interp2d_posemb(table, *positions)
+
+
+def relative_offset_index(grid, max_distance):
+  """Index of the clipped (row, column) offset query - key, for all pairs.
+
+  (h*w, h*w) ints, patches row-major on `grid` (h, w), into the offset table
+  flattened over its (row, column) offsets in [-max_distance, max_distance].
+  """
+  h, w = grid
+  rows, cols = np.divmod(np.arange(h * w), w)
+  k = max_distance
+  dr = np.clip(rows[:, None] - rows[None, :], -k, k) + k
+  dc = np.clip(cols[:, None] - cols[None, :], -k, k) + k
+  return dr * (2 * k + 1) + dc
+
+
+class RelativePositionBias(nn.Module):
+  """Attention bias from learned embeddings of relative 2-D offsets.
+
+  For a query patch q and key patch k with clipped offset (dr, dc), the bias
+  is <query_q, E[dr, dc]> per head: an extra attention whose keys are the
+  offset embeddings. Pairs with a leading (class) token get zero bias.
+
+  Attributes:
+    max_distance: offsets are clipped to this distance in rows and columns;
+      it fixes the table's size, whatever the resolution.
+  """
+  max_distance: int
+  embedding_init: Callable = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, query, grid):
+    """The (batch, heads, tokens, tokens) bias for `query`: (batch, tokens,
+    heads, depth) queries scaled as for the content logits, (class) tokens
+    first, then the patches of `grid` (h, w)."""
+    _, tokens, heads, depth = query.shape
+    span = 2 * self.max_distance + 1
+    table = self.param('rel_embedding', self.embedding_init,
+                       (span, span, heads, depth))
+    patches = grid[0] * grid[1]
+    prefix = tokens - patches
+    if prefix < 0:
+      raise ValueError(f'{tokens} tokens cannot hold a {grid} grid of patches.')
+    index = relative_offset_index(grid, self.max_distance)
+    logits = jnp.einsum('bqhd,uhd->bhqu', query[:, prefix:],
+                        table.reshape(span * span, heads, depth))
+    bias = logits[:, :, np.arange(patches)[:, None], index]
+    return jnp.pad(bias, ((0, 0), (0, 0), (prefix, 0), (prefix, 0)))
+
+
+def patch_size(patches) -> Tuple[int, int]:
+  """(height, width) of `patches['size']`, which may be an int or a pair."""
+  size = patches['size']
+  ph, pw = (size, size) if isinstance(size, int) else tuple(size)
+  return int(ph), int(pw)
+
+
+def resnet_stride(resnet) -> int:
+  """How much a hybrid's ResNet (`VisionTransformer._resnet`) downsamples.
+
+  The root (stride-2 conv, stride-2 max-pool) downsamples by 4 and each
+  stage after the first by another 2. No ResNet (None) gives 1.
+  """
+  if resnet is None:
+    return 1
+  return 4 * 2**max(len(resnet['num_layers']) - 1, 0)
+
+
+def token_grid(model_config, image_size) -> Tuple[int, int]:
+  """The (h, w) grid of patch tokens that a ViT or hybrid makes of an image
+  of `image_size` (height, width), from its config alone (no tracing)."""
+  stride = resnet_stride(model_config.get('resnet'))
+  ph, pw = patch_size(model_config['patches'])
+  # The ResNet pads ('SAME'), so each of its strides rounds up.
+  height, width = (-(-side // stride) for side in image_size)
+  return height // ph, width // pw
+
+
+def check_image_size(shape, patch: Tuple[int, int], what: str = 'Image'):
+  """Raises a ValueError unless `shape` is NHWC, sides multiples of `patch`."""
+  if len(shape) != 4:
+    raise ValueError(f'Expected NHWC images, got shape {tuple(shape)}.')
+  _, h, w, _ = shape
+  if h % patch[0] or w % patch[1] or h < patch[0] or w < patch[1]:
+    raise ValueError(
+        f'{what} size {h}x{w} is not a multiple of the patch size '
+        f'{patch[0]}x{patch[1]}.')

@@ -1,0 +1,1 @@
+"""The run: the loop, optimizer, mesh and shardings, storage, records and checks."""
