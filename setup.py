@@ -27,6 +27,8 @@ setuptools.setup(
                  'scikit-learn==1.9.1',  # tests/test_fewshot.py's reference
                  # Notebooks run in the tests (papermill, SMOKE = True).
                  'papermill==2.7.0', 'ipykernel==7.4.0',
+                 # tests/test_original_notebook.py runs a notebook directly.
+                 'nbclient==0.11.0', 'nbformat==5.11.1',
                  'ipython==9.18.1'],  # notebooks' IPython.display
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
         'convert': ['safetensors==0.8.0', 'torch==2.14.1',

@@ -354,6 +354,13 @@ def label_counts(info: DatasetInfo, config):
   return counts.numpy()
 
 
+def eval_dataset(info: DatasetInfo, config) -> tf.data.Dataset:
+  """This process's share of the test split, as `eval_example`s."""
+  return _read_process_share(info.builder, config.pp.test).map(
+      functools.partial(eval_example, info=info, pp=config.pp),
+      num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def eval_batches(info: DatasetInfo, config, *, batch_size: int):
   """Test batches covering every example once; padding has mask 0.
 
@@ -363,9 +370,7 @@ def eval_batches(info: DatasetInfo, config, *, batch_size: int):
   largest_share = -(-info.num_test // jax.process_count())
   num_batches = -(-largest_share // batch_size)
 
-  ds = _read_process_share(info.builder, config.pp.test).map(
-      functools.partial(eval_example, info=info, pp=config.pp),
-      num_parallel_calls=tf.data.AUTOTUNE)
+  ds = eval_dataset(info, config)
   pad = {k: tf.zeros(v.shape, v.dtype) for k, v in ds.element_spec.items()}
   ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat())
   ds = ds.take(num_batches * batch_size).batch(batch_size)
@@ -406,10 +411,8 @@ def get_data_from_tfds(*, config, mode: str) -> tf.data.Dataset:
   if mode == 'train':
     ds = train_dataset(info, config, batch_size=config.batch)
   else:
-    ds = _read_process_share(info.builder, config.pp.test).map(
-        functools.partial(eval_example, info=info, pp=config.pp),
-        num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(config.batch_eval, drop_remainder=True)
+    ds = eval_dataset(info, config).batch(config.batch_eval,
+                                          drop_remainder=True)
   devices = jax.local_device_count()
   return ds.map(lambda batch: {
       k: tf.reshape(batch[k], tf.concat([[devices, -1],

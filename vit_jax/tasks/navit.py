@@ -60,8 +60,6 @@ def image_loss(logits, labels):
 class Task(base.Task):
   """NaViT on packed sequences: its model, step, batches and evaluator."""
 
-  param_labels = None  # every parameter trains
-
   def __init__(self, config, workdir, mesh, *, training=True):
     del workdir, training
     self.settings = check_settings(config)
@@ -113,10 +111,6 @@ class Task(base.Task):
     return self.model, checkpoint.inspect_params(
         params=checkpoint.read_params(path), expected=abstract,
         source=f'Checkpoint {path}')
-
-  def initial_params(self, params):
-    del params
-    return None
 
   def train_step(self, state, batch, *, rng):
     """One micro-batch: cross-entropy over its real images."""
