@@ -197,7 +197,8 @@ def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):
   settings = config.evals.zeroshot.copy_and_resolve_references()
   settings.templates = templates
   evaluator = zeroshot.Evaluator('zeroshot', settings, config=config,
-                                 task=task, model=model, mesh=mesh)
+                                 model=model, mesh=mesh,
+                                 tokenizer=task.tokenizer)
   result = evaluator(params)
   images, labels = [], []
   for batch in input_pipeline.eval_batches(info, config,

@@ -68,10 +68,21 @@ def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
   return config
 
 
-def load_model(model_config, path, size=None):
+def load_model(model_config, path, size=None, *, model=None,
+               abstract_params=None):
   """(model, params, image side) of the checkpoint at `path`: the image
   model of `model_config` with the file's head and `pre_logits`, at `size`
-  (default: the side its position table implies)."""
+  (default: the side its position table implies).
+
+  A task whose model takes other inputs (LiT's images and tokens, NaViT's
+  packed sequences) gives its `model` and `abstract_params`: the file must
+  fit them as they are (no head or table to change; NaViT's tables are
+  sized for its largest grid), and the side is `size` as given.
+  """
+  if model is not None:
+    return model, load_params(path, init_params=abstract_params,
+                              model_config=model_config,
+                              resize_posemb=False), size
   found = read_params(path)
   config = model_config_for(found, model_config)
   size = size or image_size(found, config)
@@ -119,6 +130,18 @@ _POSEMB_TABLES = {'learn': ('pos_embedding',),
 
 def _posembed_input(tree: Mapping[str, Any]) -> Mapping[str, Any]:
   return tree.get('Transformer', {}).get('posembed_input', {})
+
+
+def _check_posemb(posemb, init_params):
+  """Raises ValueError unless the model's tables are those of `posemb`."""
+  if posemb not in models_vit.POSEMBS:
+    raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
+                     f'of {models_vit.POSEMBS}.')
+  tables = set(_posembed_input(init_params))
+  if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
+    raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
+                     f'position tables {sorted(tables)}: pass the config of '
+                     'the model of init_params.')
 
 
 def _table_grids(posemb, name, axis, have, want, prefix, new_grid, old_grid):
@@ -286,16 +309,10 @@ def load_params(path,
   """
   path = os.fspath(path)
   posemb = model_config.get('posemb') or 'learn'
-  if posemb not in models_vit.POSEMBS:
-    raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
-                     f'of {models_vit.POSEMBS}.')
-  resize_method = resize_method or default_resize_method(model_config)
-  posemb_resize.check_method(resize_method)
-  tables = set(_posembed_input(init_params))
-  if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
-    raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
-                     f'position tables {sorted(tables)}: pass the config of '
-                     'the model of init_params.')
+  if resize_posemb:
+    _check_posemb(posemb, init_params)
+    resize_method = resize_method or default_resize_method(model_config)
+    posemb_resize.check_method(resize_method)
   params = read_params(path) if found is None else found
   if 'img' not in init_params and 'img' in params and 'txt' in params:
     _note(path, 'took the LiT image tower (img)')

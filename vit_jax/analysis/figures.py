@@ -1,4 +1,5 @@
-"""The paper's Figure 6 and 7 panels, and LiT's similarity matrix.
+"""The paper's Figure 6 and 7 panels, LiT's similarity matrix and MAE's
+reconstructions.
 
 Each function returns a matplotlib figure. The backend is the caller's: a
 notebook's inline one shows them, the command line picks Agg for files.
@@ -10,6 +11,7 @@ import numpy as np
 
 DPI = 90
 MARKER_AREA = 14  # points^2, of the attention-distance dots
+MASK_GRAY = 0.5  # how a patch that MAE removed is shown
 
 
 def _to_rgb(images):
@@ -121,6 +123,24 @@ def similarity_matrix(similarity, texts, image_labels):
   ax.set_xlabel('texts')
   ax.set_ylabel('images (true class)')
   fig.colorbar(image, ax=ax, label='cosine similarity')
+  fig.tight_layout()
+  return fig
+
+
+def mae_reconstructions(images, mask, recon):
+  """MAE's Figure 2 grid: rows of images, masked images, reconstructions, each
+  in [0, 1]; removed patches gray."""
+  masked = np.where(mask > 0, MASK_GRAY, images)
+  rows = (('image', images), ('masked', masked), ('reconstruction', recon))
+  n = len(images)
+  fig = plt.figure(figsize=(1.2 * n + 1.2, 3.8), dpi=DPI)
+  axes = fig.subplots(3, n, squeeze=False)
+  for i, (label, row) in enumerate(rows):
+    for j in range(n):
+      axes[i, j].imshow(row[j], vmin=0, vmax=1, interpolation='nearest')
+      axes[i, j].set_xticks([])
+      axes[i, j].set_yticks([])
+    axes[i, 0].set_ylabel(label, fontsize=9)
   fig.tight_layout()
   return fig
 

@@ -84,12 +84,12 @@ class ResizedEvaluator(_PerSide):
   """A plain ViT's accuracy at each side, its position table resized
   (bicubic) to that side's grid; images as NaViT's (`fixed_side`)."""
 
-  def __init__(self, config, info, mesh, task):
+  def __init__(self, config, info, mesh, model):
     super().__init__(config, info, mesh)
-    self.task = task
+    self.model = model
 
   def _at_side(self, params, side):
-    model = self.task.model
+    model = self.model
     shape = (1, side, side, 3)
     abstract = jax.eval_shape(lambda: model.init(
         jax.random.key(0), jnp.zeros(shape), train=False)['params'])
@@ -101,7 +101,7 @@ class ResizedEvaluator(_PerSide):
 
   def __call__(self, params):
     config = self.config
-    step = jax.jit(lambda p, batch: _count_correct(self.task.model.apply(
+    step = jax.jit(lambda p, batch: _count_correct(self.model.apply(
         {'params': p}, batch['image'], train=False), batch['labels']))
     out = {}
     for side in self.sides:

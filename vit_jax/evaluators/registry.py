@@ -9,8 +9,9 @@ EVALUATORS = {'classification': classification.Evaluator,
               'zeroshot': zeroshot.Evaluator}
 
 
-def from_config(config, *, task, model, mesh, types=None):
-  """The evaluators of `config.evals`, checked and built, in order.
+def from_config(config, *, model, mesh, tokenizer=None, types=None):
+  """The evaluators of `config.evals`, checked and built, in order: each
+  sees the `model`, the `mesh` and (zero-shot) the task's `tokenizer`.
 
   Those with an `every` (those training runs), or all those of `types`
   (e.g. ('fewshot',)).
@@ -22,8 +23,8 @@ def from_config(config, *, task, model, mesh, types=None):
       raise ValueError(f'config.evals.{name}.type={kind!r}; expected one of '
                        f'{tuple(EVALUATORS)}.')
     if (kind in types) if types else settings.get('every') is not None:
-      out.append(EVALUATORS[kind](name, settings, config=config, task=task,
-                                  model=model, mesh=mesh))
+      out.append(EVALUATORS[kind](name, settings, config=config, model=model,
+                                  mesh=mesh, tokenizer=tokenizer))
   if types and not out:
     raise ValueError(f'config.evals lists no evaluator of type {types}.')
   return out

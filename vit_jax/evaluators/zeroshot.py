@@ -80,14 +80,15 @@ class Evaluator(common.Evaluator):
   `templates`; metrics `zeroshot_accuracy` and `count`. Compiles once for
   every evaluation of a run."""
 
-  def __init__(self, name, settings, *, config, task, model, mesh, **_):
+  def __init__(self, name, settings, *, config, model, mesh, tokenizer,
+               **_):
     super().__init__(name, settings)
     self.templates = tuple(settings.get('templates') or DEFAULT_TEMPLATES)
     check_templates(self.templates)
     self.info, self.data = common.split_data(
         config, settings.get('dataset'), settings.get('split'))
     self.names = class_names(settings, self.info, self.data.dataset)
-    self.model, self.mesh, self.tokenizer = model, mesh, task.tokenizer
+    self.model, self.mesh, self.tokenizer = model, mesh, tokenizer
     self.embed = text_embedder(model)
     self.step = jax.jit(functools.partial(eval_step, model=model))
 

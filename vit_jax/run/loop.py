@@ -254,6 +254,12 @@ def _due(every, step: int, last: bool) -> bool:
   return every is not None and (last or (every > 0 and step % every == 0))
 
 
+def _evaluators(task, config, model, types=None):
+  """`config.evals`' evaluators of `model`, with what the task gives them."""
+  return registry.from_config(config, model=model, mesh=task.mesh,
+                              tokenizer=task.tokenizer, types=types)
+
+
 def run_evaluators(evaluators, params, writer, step, prefix=''):
   """Runs each evaluator; prints its line, writes its scalars; returns the
   metrics of all."""
@@ -347,7 +353,7 @@ def run(task, config, workdir):
   the final parameters."""
   mesh = task.mesh
   model, view = exported(task)
-  evaluators = registry.from_config(config, task=task, model=model, mesh=mesh)
+  evaluators = _evaluators(task, config, model)
   evaluators += list(task.evaluators)  # the task's own, if any
   manager = make_manager(config, workdir, config.max_to_keep)
   state, shardings, start = create_state(task, config, mesh, manager)
@@ -400,8 +406,7 @@ def evaluate(task, config, workdir, types=None):
   model, params = task.checkpoint(path or workdir)
   source = path or f'the latest checkpoint in {workdir}'
   try:
-    evaluators = registry.from_config(config, task=task, model=model,
-                                      mesh=task.mesh, types=types)
+    evaluators = _evaluators(task, config, model, types)
   except evaluators_common.HeadMismatch as e:
     if types is not None:
       raise
@@ -409,8 +414,7 @@ def evaluate(task, config, workdir, types=None):
     # its features are what can be evaluated.
     print(f'Note: {source}: {e} The few-shot evaluators run instead.',
           file=sys.stderr, flush=True)
-    evaluators = registry.from_config(config, task=task, model=model,
-                                      mesh=task.mesh, types=('fewshot',))
+    evaluators = _evaluators(task, config, model, ('fewshot',))
   if types is None:  # the evaluators training runs, the task's own too
     evaluators += list(task.evaluators)
   params = jax.device_put(params, sharding.tree_shardings(

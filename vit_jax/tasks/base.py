@@ -21,11 +21,13 @@ class Task:
       teacher), or None.
     evaluators: the task's own evaluators, run after `config.evals`' (NaViT's
       accuracy per resolution).
+    tokenizer: texts -> token ids, for the zero-shot evaluators (LiT's).
   """
 
   param_labels: Optional[Callable[[Any], Any]] = None
   frozen: Optional[Any] = None
   evaluators: Sequence[Any] = ()
+  tokenizer: Optional[Callable[[Any], Any]] = None
 
   def init_params(self, rng):
     """Fresh parameters of `model`."""

@@ -20,6 +20,26 @@ def make_model(config, num_classes: int):
       num_classes=num_classes, **config.model)
 
 
+def train_step(state, batch, *, rng, config):
+  """One micro-batch: gradients, then the (accumulating) optimizer update.
+  `config` gives the loss, mixing and label smoothing."""
+  chex.assert_rank(batch['image'], 4)
+  chex.assert_equal_shape_prefix([batch['image'], batch['label']], 1)
+  dropout_rng = jax.random.fold_in(rng, state.step)
+  # Mixup/CutMix over the global batch, label smoothing (config.mixup,
+  # config.label_smoothing); off: the batch as it came.
+  images, labels = mixing.augment(dropout_rng, batch['image'], batch['label'],
+                                  config)
+
+  def compute_loss(params):
+    logits = state.apply_fn({'params': params}, images, train=True,
+                            rngs={'dropout': dropout_rng})
+    return losses.classification(logits, labels, config.loss).mean()
+
+  value, grads = jax.value_and_grad(compute_loss)(state.params)
+  return state.apply_gradients(grads=grads), {'loss': value}
+
+
 class Task(base.Task):
   """The model, its initial parameters, step and batches of a classifier."""
 
@@ -65,22 +85,7 @@ class Task(base.Task):
     return params
 
   def train_step(self, state, batch, *, rng):
-    """One micro-batch: gradients, then the (accumulating) optimizer update."""
-    chex.assert_rank(batch['image'], 4)
-    chex.assert_equal_shape_prefix([batch['image'], batch['label']], 1)
-    dropout_rng = jax.random.fold_in(rng, state.step)
-    # Mixup/CutMix over the global batch, label smoothing (config.mixup,
-    # config.label_smoothing); off: the batch as it came.
-    images, labels = mixing.augment(dropout_rng, batch['image'],
-                                    batch['label'], self.config)
-
-    def compute_loss(params):
-      logits = state.apply_fn({'params': params}, images, train=True,
-                              rngs={'dropout': dropout_rng})
-      return losses.classification(logits, labels, self.config.loss).mean()
-
-    value, grads = jax.value_and_grad(compute_loss)(state.params)
-    return state.apply_gradients(grads=grads), {'loss': value}
+    return train_step(state, batch, rng=rng, config=self.config)
 
   def abstract_batch(self, batch_size):
     """The shapes and dtypes of a training micro-batch (`batches`)."""

@@ -160,6 +160,7 @@ class Task(base.Task):
   def checkpoint(self, path):
     """(model, params) of the LiT checkpoint at `path` (an .npz or a
     workdir)."""
-    return self.model, checkpoint.load_params(
-        path, init_params=abstract_params(self.config, self.model),
-        model_config={})
+    model, params, _ = checkpoint.load_model(
+        {}, path, model=self.model,
+        abstract_params=abstract_params(self.config, self.model))
+    return model, params

@@ -14,14 +14,13 @@ layout: fine-tuning (`pretrained_path`), few-shot, `predict` and
 import functools
 
 import chex
-from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
-from matplotlib import figure
 import numpy as np
 
 from vit_jax import checkpoint
+from vit_jax.analysis import figures
 from vit_jax.data import pipeline as input_pipeline
 from vit_jax.models import mae as models_mae
 from vit_jax.models import posemb
@@ -34,7 +33,6 @@ from vit_jax.tasks import base
 DECODER_KEYS = ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim')
 PICTURE = 'mae_reconstructions.png'
 PICTURE_IMAGES = 8
-MASK_GRAY = 0.5  # how a removed patch is shown
 
 
 def check_settings(config):
@@ -85,24 +83,6 @@ def reconstruct(model, params, images, rng, ratio, norm_pix):
       jnp.broadcast_to(m, pred.shape[:2] + (model.patch[0] * model.patch[1],)),
       model.patch, grid)
   return np.asarray(mask_pixels), np.asarray(recon)
-
-
-def draw(images, mask, recon):
-  """The Figure 2 grid: rows of images, masked images, reconstructions, each
-  in [0, 1]; returns a matplotlib Figure (no pyplot state)."""
-  masked = np.where(mask > 0, MASK_GRAY, images)
-  rows = (('image', images), ('masked', masked), ('reconstruction', recon))
-  n = len(images)
-  fig = figure.Figure(figsize=(1.2 * n + 1.2, 3.8), dpi=90)
-  axes = fig.subplots(3, n, squeeze=False)
-  for i, (label, row) in enumerate(rows):
-    for j in range(n):
-      axes[i, j].imshow(row[j], vmin=0, vmax=1, interpolation='nearest')
-      axes[i, j].set_xticks([])
-      axes[i, j].set_yticks([])
-    axes[i, 0].set_ylabel(label, fontsize=9)
-  fig.tight_layout()
-  return fig
 
 
 def train_step(state, images, rng, *, patch, ratio, norm_pix):
@@ -202,9 +182,8 @@ class Task(base.Task):
     mask, recon = reconstruct(self.model, jax.device_get(params), images, rng,
                               self.settings.mask_ratio,
                               self.settings.norm_pix_loss)
-    fig = draw(to_display(images, self.config.pp), mask,
-               to_display(recon, self.config.pp))
-    path = epath.Path(storage.join(workdir, PICTURE))
-    with path.open('wb') as f:
-      fig.savefig(f, format='png')
+    path = storage.join(workdir, PICTURE)
+    figures.save(figures.mae_reconstructions(
+        to_display(images, self.config.pp), mask,
+        to_display(recon, self.config.pp)), path)
     print(f'Reconstructions: {path}', flush=True)

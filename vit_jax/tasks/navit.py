@@ -108,9 +108,9 @@ class Task(base.Task):
     """(model, params) of the NaViT checkpoint at `path` (an .npz or a
     workdir), for `trainer='evaluate'`."""
     abstract = jax.eval_shape(lambda: self.init_params(jax.random.key(0)))
-    return self.model, checkpoint.inspect_params(
-        params=checkpoint.read_params(path), expected=abstract,
-        source=f'Checkpoint {path}')
+    model, params, _ = checkpoint.load_model(
+        self.config.model, path, model=self.model, abstract_params=abstract)
+    return model, params
 
   def train_step(self, state, batch, *, rng):
     """One micro-batch: cross-entropy over its real images."""
@@ -138,7 +138,8 @@ class BaselineTask(classification.Task):
 
   def __init__(self, config, workdir, mesh, *, training=True):
     super().__init__(config, workdir, mesh, training=training)
-    self.evaluators = [navit_eval.ResizedEvaluator(config, self.info, mesh, self)]
+    self.evaluators = [navit_eval.ResizedEvaluator(config, self.info, mesh,
+                                                      self.model)]
 
 
 def make_task(config, workdir, mesh, *, training=True):
