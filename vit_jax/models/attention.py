@@ -2,6 +2,8 @@
 accelerators' (query scaled first, softmax in the compute dtype, cuDNN's
 flash kernel on GPUs where it applies)."""
 
+import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -16,7 +18,7 @@ from vit_jax.models.posemb import apply_rope
 def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
               dropout_rng=None, dropout_rate=0., deterministic=False,
               dtype=None, precision=None, module=None, bias_fn=None,
-              rope=None):
+              rope=None, rope_half=False):
   """Flax's `attention_fn` on `jax.nn.dot_product_attention`.
 
   XLA fuses it, and on NVIDIA GPUs in half precision without a mask cuDNN's
@@ -25,10 +27,11 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
   weights, and recording them (flax passes `module` when the weights are
   sown). `bias_fn(scaled query)`, if given, adds a bias to the logits;
   `rope`, (batch, tokens, depth / 2) angles, rotates queries and keys
-  (`apply_rope`) first. `mask`: True where a query may attend to a key.
+  (`apply_rope`; pairs half a head apart with `rope_half`) first. `mask`:
+  True where a query may attend to a key.
   """
   if rope is not None:
-    query, key = apply_rope(query, rope), apply_rope(key, rope)
+    query, key = (apply_rope(x, rope, rope_half) for x in (query, key))
   if bias_fn is not None:
     bias = bias_fn(query / jnp.sqrt(query.shape[-1]).astype(query.dtype))
   if module is not None or (dropout_rate > 0. and not deterministic):
@@ -83,3 +86,46 @@ def _heads_first_attention(query, key, value, bias=None, mask=None):
     logits = jnp.where(mask, logits, np.finfo(np.float32).min)
   weights = lean_ops.softmax(logits).astype(value.dtype)
   return jnp.swapaxes(jnp.einsum('bhqk,bhkd->bhqd', weights, value), 1, 2)
+
+
+# Which projections have a bias, by `qkv_bias`.
+QKV_BIASES = {'qkv': ('query', 'key', 'value'), 'qv': ('query', 'value'),
+              'none': ()}
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with flax's parameters (`query`, `key`,
+  `value`: (D, heads, D / heads); `out`), whose projections may lack biases:
+  `qkv_bias` 'qv' (EVA-02, DINOv3's `_qkvb`: a key bias adds the same logit
+  to every key of a query, which the softmax cancels) or 'none' (DINOv3).
+  The blocks use flax's own module for 'qkv'."""
+  num_heads: int
+  qkv_bias: str = 'qkv'
+  dropout_rate: float = 0.
+  deterministic: bool = True
+  attention_fn: Any = attention
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, mask=None, sow_weights=False):
+    if self.qkv_bias not in QKV_BIASES:
+      raise ValueError(f'Unknown qkv_bias {self.qkv_bias!r}; expected one of '
+                       f'{tuple(QKV_BIASES)}.')
+    heads, width = self.num_heads, x.shape[-1]
+    project = functools.partial(
+        nn.DenseGeneral, (heads, width // heads), dtype=self.dtype,
+        kernel_init=nn.initializers.xavier_uniform())
+    query, key, value = (
+        project(name=name, use_bias=name in QKV_BIASES[self.qkv_bias])(x)
+        for name in ('query', 'key', 'value'))
+    rng = None
+    if self.dropout_rate > 0 and not self.deterministic:
+      rng = self.make_rng('dropout')
+    x = self.attention_fn(
+        query, key, value, mask=mask, dropout_rng=rng,
+        dropout_rate=self.dropout_rate, broadcast_dropout=False,
+        deterministic=self.deterministic, dtype=self.dtype,
+        module=self if sow_weights else None)
+    return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype,
+                           kernel_init=nn.initializers.xavier_uniform(),
+                           name='out')(x)

@@ -53,12 +53,18 @@ class MlpBlock(nn.Module):
     swiglu: SwiGLU instead of GELU (timm's SwiGLUPacked, DINOv2-g):
       `Dense_0` makes 2 * mlp_dim features [x1, x2], and silu(x1) * x2
       goes on.
+    quick_gelu: x * sigmoid(1.702 x) instead of GELU (OpenAI's CLIP).
+    inner_norm: a LayerNorm `norm` on the hidden features (EVA-02's
+      `scale_mlp`, NormFormer's), with `layer_norm_eps`.
   """
   mlp_dim: int
   out_dim: Optional[int] = None
   dropout_rate: float = 0.1
   gelu_approximate: bool = True
   swiglu: bool = False
+  quick_gelu: bool = False
+  inner_norm: bool = False
+  layer_norm_eps: float = 1e-6
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
   dtype: Any = jnp.float32
@@ -70,7 +76,12 @@ class MlpBlock(nn.Module):
     if self.swiglu:
       x1, x2 = jnp.split(dense(2 * self.mlp_dim)(inputs), 2, axis=-1)
       x = nn.silu(x1) * x2
-    elif target.platform() != 'cpu':  # the CPU's trick costs HBM traffic
+    elif self.quick_gelu:
+      x = dense(self.mlp_dim)(inputs)
+      x = x * nn.sigmoid(1.702 * x)
+      x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    elif self.inner_norm or target.platform() != 'cpu':
+      # (The CPU's trick below costs HBM traffic on accelerators.)
       x = nn.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     elif deterministic or self.dropout_rate == 0:
@@ -82,6 +93,9 @@ class MlpBlock(nn.Module):
     else:
       x = lean_ops.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    if self.inner_norm:
+      x = lean_ops.LayerNorm(epsilon=self.layer_norm_eps, name='norm',
+                             dtype=self.dtype)(x)
     x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
@@ -111,10 +125,12 @@ class MAPHead(nn.Module):
   Attributes:
     mlp_dim: hidden width of the MLP after the attention (default 4 D).
     gelu_approximate: see `MlpBlock`.
+    layer_norm_eps: of its LayerNorm.
   """
   num_heads: int
   mlp_dim: Optional[int] = None
   gelu_approximate: bool = True
+  layer_norm_eps: float = 1e-6
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -130,7 +146,7 @@ class MAPHead(nn.Module):
         num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
         attention_fn=attention, dtype=self.dtype)(
             probe, x, mask=None if mask is None else mask[:, None])
-    y = lean_ops.LayerNorm(dtype=self.dtype)(x)
+    y = lean_ops.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.,
                      gelu_approximate=self.gelu_approximate,
                      dtype=self.dtype)(y, deterministic=True)

@@ -173,21 +173,61 @@ def rope2d_angles(rows, cols, head_dim, theta=ROPE_THETA):
   return angles.reshape(*angles.shape[:-2], head_dim // 2)
 
 
+# 2-D RoPE beside a position table (or none), as timm's Eva computes them.
+ROPES = ('eva02', 'dinov3')
+
+
+def rope_angles(kind, grid, head_dim, theta, ref_grid=None):
+  """EVA-02's or DINOv3's 2-D RoPE angles of the patches of `grid` (h, w),
+  row-major, float32 (h w, head_dim / 2): the row's angles, then the
+  column's, each at frequencies k < head_dim / 4.
+
+  'eva02': position index (rescaled to `ref_grid`, the pretraining grid,
+  if given) times theta ** (-4k / head_dim). 'dinov3': the patch centre in
+  [-1, 1] times 2 pi / theta ** (4k / head_dim). They differ from MoonViT's
+  'rope2d' (`rope2d_angles`), which alternates column and row angles on
+  integer positions, and DINOv3 rotates its pairs half a head apart
+  (`apply_rope(half=True)`), where EVA-02 and MoonViT rotate neighbours.
+  """
+  h, w = grid
+  k = np.arange(head_dim // 4) / (head_dim // 4)
+  if kind == 'eva02':
+    freqs = theta**-k
+    rows, cols = np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64)
+    if ref_grid is not None:
+      rows, cols = rows / h * ref_grid[0], cols / w * ref_grid[1]
+  elif kind == 'dinov3':
+    freqs = 2 * np.pi / theta**k
+    rows, cols = (2 * (np.arange(n) + 0.5) / n - 1 for n in (h, w))
+  else:
+    raise ValueError(f'Unknown rope {kind!r}; expected one of {ROPES}.')
+  r, c = np.meshgrid(rows, cols, indexing='ij')
+  angles = np.concatenate([r.reshape(-1, 1) * freqs, c.reshape(-1, 1) * freqs],
+                          axis=-1)
+  return jnp.asarray(angles, jnp.float32)
+
+
 def rope_head_dim(width, num_heads):
   """The head width of 2-D RoPE, once checked: divisible by 4."""
   if width % num_heads or (width // num_heads) % 4:
-    raise ValueError(f"posemb='rope2d' needs a head width (hidden_size / "
+    raise ValueError(f'2-D RoPE needs a head width (hidden_size / '
                      f'num_heads) divisible by 4, got {width} / {num_heads}.')
   return width // num_heads
 
 
-def apply_rope(x, angles):
+def apply_rope(x, angles, half=False):
   """Rotates (batch, tokens, heads, d) `x` by (batch, tokens, d / 2)
-  `angles`: pair (x[2j], x[2j + 1]) as a complex number, by angle j."""
-  pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
-  re, im = pairs[..., 0], pairs[..., 1]
+  `angles`: pair (x[2j], x[2j + 1]) as a complex number, by angle j; with
+  `half`, pair (x[j], x[j + d / 2])."""
+  x32 = x.astype(jnp.float32)
+  if half:
+    re, im = jnp.split(x32, 2, axis=-1)
+  else:
+    pairs = x32.reshape(*x.shape[:-1], -1, 2)
+    re, im = pairs[..., 0], pairs[..., 1]
   cos, sin = jnp.cos(angles)[:, :, None], jnp.sin(angles)[:, :, None]
-  out = jnp.stack([re * cos - im * sin, re * sin + im * cos], axis=-1)
+  rotated = re * cos - im * sin, re * sin + im * cos
+  out = jnp.concatenate(rotated, -1) if half else jnp.stack(rotated, -1)
   return out.reshape(x.shape).astype(x.dtype)
 
 

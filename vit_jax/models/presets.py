@@ -89,6 +89,43 @@ _MAES = {
     'MAE-H_14': (1280, 5120, 16, 32, 14),
 }
 
+# The encoders of docs/families.md, as timm builds them. CLIP (Radford et
+# al., 2021): a LayerNorm before the blocks, no patch bias, LayerNorm eps
+# 1e-5; '-quickgelu': OpenAI's QuickGELU. SigLIP (Zhai et al., 2023): no
+# class token, MAP head, tanh GELU; '-gap': mean pooling. EVA-02 (Fang et
+# al., 2024): q and v biases only, SwiGLU (B and L: with its inner norm),
+# 2-D RoPE on a 16x16 reference grid beside a learned table, patch mean
+# with fc_norm. DINOv3 (Simeoni et al., 2025): no table, DINOv3's RoPE, 4
+# registers, LayerScale 1e-5, eps 1e-5, no q/k/v biases ('-qkvb': q and v),
+# patch mean as timm (classifier='token' for the original's class token).
+# name: (hidden_size, mlp_dim, num_heads, num_layers, patch)
+_CLIPS = {
+    'CLIP-testing': (32, 64, 2, 2, 16),
+    'CLIP-B_32': (768, 3072, 12, 12, 32),
+    'CLIP-B_16': (768, 3072, 12, 12, 16),
+    'CLIP-L_14': (1024, 4096, 16, 24, 14),
+}
+_SIGLIPS = {
+    'SigLIP-testing': (32, 64, 2, 2, 16),
+    'SigLIP-B_16': (768, 3072, 12, 12, 16),
+    'SigLIP-L_16': (1024, 4096, 16, 24, 16),
+    'SigLIP-So400m_14': (1152, 4304, 16, 27, 14),
+}
+# EVA-02's mlp_dim is each SwiGLU half: int(D * 8 / 3).
+_EVA02S = {
+    'EVA02-testing': (32, 64, 2, 2, 14, False),
+    'EVA02-Ti_14': (192, 512, 3, 12, 14, False),
+    'EVA02-S_14': (384, 1024, 6, 12, 14, False),
+    'EVA02-B_14': (768, 2048, 12, 12, 14, True),
+    'EVA02-L_14': (1024, 2730, 16, 24, 14, True),
+}
+_DINOV3S = {
+    'DINOv3-testing': (32, 64, 2, 2, 16),
+    'DINOv3-S_16': (384, 1536, 6, 12, 16),
+    'DINOv3-B_16': (768, 3072, 12, 12, 16),
+    'DINOv3-L_16': (1024, 4096, 16, 24, 16),
+}
+
 # BiT's ResNet-v2 classifiers (Kolesnikov et al., 2020), named as BiT's
 # R50x1...: ResNet-depth x width factor (models_resnet.ResNetV2).
 # name: (units per stage, width_factor)
@@ -214,6 +251,44 @@ def _dinov2s(name, *row):
                   posemb_prefix=False, num_registers=4)
 
 
+def _clips(name, *row):
+  """The CLIP image tower `name` and its '-quickgelu' twin (OpenAI's)."""
+  for suffix in ('', '-quickgelu'):
+    config = _timm_vit(name + suffix, *row)
+    config.patch_bias = False
+    config.transformer.update(pre_norm=True, layer_norm_eps=1e-5,
+                              quick_gelu=bool(suffix))
+    yield config
+
+
+def _siglips(name, *row):
+  """The SigLIP image tower `name` (MAP head) and its '-gap' twin."""
+  for suffix, classifier in (('', 'map'), ('-gap', 'gap')):
+    yield _vit(name + suffix, *row, 0.0, classifier)
+
+
+def _eva02(name, *row_and_mlp_norm):
+  """An EVA-02 encoder: timm's Eva at its eva02_*_patch14_224 settings."""
+  *row, mlp_norm = row_and_mlp_norm
+  config = _timm_vit(name, *row)
+  config.classifier, config.fc_norm = 'token_gap', True
+  config.transformer.update(swiglu=True, mlp_norm=mlp_norm, qkv_bias='qv',
+                            rope='eva02', rope_theta=10_000.,
+                            rope_ref_grid=(16, 16))
+  return config
+
+
+def _dinov3s(name, *row):
+  """The DINOv3 encoder `name` and its '-qkvb' twin."""
+  for suffix, qkv_bias in (('', 'none'), ('-qkvb', 'qv')):
+    config = _timm_vit(name + suffix, *row, layerscale_init=1e-5,
+                       num_registers=4)
+    config.classifier, config.posemb = 'token_gap', 'none'
+    config.transformer.update(qkv_bias=qkv_bias, layer_norm_eps=1e-5,
+                              rope='dinov3', rope_theta=100.)
+    yield config
+
+
 def _bit(name, num_layers, width_factor):
   """A BiT ResNet-v2 ConfigDict."""
   return ml_collections.ConfigDict({
@@ -280,6 +355,8 @@ class Family:
     weights: whose published weights they load: 'google' (inputs in
       [-1, 1], position tables resized bicubic) or 'timm' (ImageNet's mean
       and std, timm's antialiased bicubic).
+    normalization: the key of the inputs' mean and std in NORMALIZATIONS,
+      where it is not the weights' source's (CLIP's for CLIP and EVA-02).
     native: the image side of the published weights; None for a model
       that takes any (or a fixed token count).
   """
@@ -287,6 +364,7 @@ class Family:
   model: str
   weights: str = 'google'
   native: Optional[int] = 224
+  normalization: Optional[str] = None
 
 
 # The families, registered once; the first whose prefix matches wins.
@@ -299,6 +377,10 @@ FAMILIES = (
     Family('DeiT3-', 'VisionTransformer', 'timm'),
     Family('DINOv2-', 'VisionTransformer', 'timm', native=518),
     Family('MAE-', 'VisionTransformer', 'timm'),
+    Family('CLIP-', 'VisionTransformer', 'timm', normalization='clip'),
+    Family('SigLIP-', 'VisionTransformer'),
+    Family('EVA02-', 'VisionTransformer', 'timm', normalization='clip'),
+    Family('DINOv3-', 'VisionTransformer', 'timm'),
     Family('', 'VisionTransformer'),
 )
 
@@ -312,7 +394,9 @@ def family(name: str) -> Family:
 # Google's checkpoints take [-1, 1]; timm's ImageNet's statistics. The
 # models never normalize; the data pipelines, predict and analysis do.
 NORMALIZATIONS = {'google': ((0.5,) * 3, (0.5,) * 3),
-                  'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+                  'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                  'clip': ((0.48145466, 0.4578275, 0.40821073),
+                           (0.26862954, 0.26130258, 0.27577711))}
 
 
 def weights_source(name: str) -> str:
@@ -323,8 +407,9 @@ def weights_source(name: str) -> str:
 
 def input_normalization(name: str):
   """(mean, std) of the inputs that the preset `name` expects."""
-  return NORMALIZATIONS[
-      'imagenet' if weights_source(name) == 'timm' else 'google']
+  key = family(name).normalization or (
+      'imagenet' if weights_source(name) == 'timm' else 'google')
+  return NORMALIZATIONS[key]
 
 
 def posemb_resize_method(name: str) -> str:
@@ -369,6 +454,13 @@ MODEL_CONFIGS = Presets({
         *(_timm_vit(name, *row, layerscale_init=1e-6, posemb_prefix=False)
           for name, row in _DEIT3S.items()),
         *(_timm_vit(name, *row) for name, row in _MAES.items()),
+        *(config for name, row in _CLIPS.items()
+          for config in _clips(name, *row)),
+        *(config for name, row in _SIGLIPS.items()
+          for config in _siglips(name, *row)),
+        *(_eva02(name, *row) for name, row in _EVA02S.items()),
+        *(config for name, row in _DINOV3S.items()
+          for config in _dinov3s(name, *row)),
         *(_bit(name, *row) for name, row in _BITS.items()),
         *(_mixer(name, *row) for name, row in _MIXERS.items()),
         *(_swin(name, *row) for name, row in _SWINS.items()),

@@ -1,0 +1,338 @@
+"""The ViT's encoder: `Encoder1DBlock` (pre-LN self-attention and MLP) and
+`Encoder` (position embedding, the blocks, the final norm), in the original
+release's parameter names. Options beyond the original (relative bias,
+RoPE, LayerScale, SwiGLU, CLIP's pre-norm, LayerNorm epsilon, attention
+without some biases) are attributes with the original's defaults.
+"""
+
+import functools
+from typing import Any, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax.models import ops as lean_ops
+from vit_jax.models.attention import attention
+from vit_jax.models.attention import SelfAttention
+from vit_jax.models.layers import drop_path_rates
+from vit_jax.models.layers import DropPath
+from vit_jax.models.layers import keep_patches
+from vit_jax.models.layers import LayerScale
+from vit_jax.models.layers import MlpBlock
+from vit_jax.models.posemb import AddPositionEmbs
+from vit_jax.models.posemb import AddPositionEmbs2D
+from vit_jax.models.posemb import grid_positions
+from vit_jax.models.posemb import Interp2DPosEmb
+from vit_jax.models.posemb import pad_prefix
+from vit_jax.models.posemb import posemb_sincos_2d
+from vit_jax.models.posemb import POSEMBS
+from vit_jax.models.posemb import RelativePositionBias
+from vit_jax.models.posemb import rope2d_angles
+from vit_jax.models.posemb import rope_angles
+from vit_jax.models.posemb import rope_head_dim
+from vit_jax.models.posemb import ROPES
+# What `transformer.remat_policy` saves for the backward pass of each block;
+# the rest is recomputed. 'none' keeps every activation (no remat).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+
+
+class Encoder1DBlock(nn.Module):
+  """Pre-LN Transformer block: x + MSA(LN(x)), then x + MLP(LN(x)).
+
+  Attributes:
+    dropout_rate: dropout after attention and in the MLP.
+    relative_max_distance: if set, add a learned relative position bias
+      (`RelativePositionBias`) with this clip distance to the attention
+      logits; then the call needs `grid`.
+    drop_path_rate: stochastic depth rate of both residual branches.
+    gelu_approximate, swiglu: see `MlpBlock`.
+    layerscale_init: if set, scale each branch by a `LayerScale` (`ls1`
+      for attention, `ls2` for the MLP) with this initial value, after its
+      dropout and before drop path.
+    qkv_bias: which of the query, key and value projections have biases:
+      'qkv', 'qv' or 'none' (`SelfAttention`).
+    layer_norm_eps: of the LayerNorms (1e-6; CLIP's and DINOv3's 1e-5).
+    quick_gelu, mlp_norm: the MLP's QuickGELU, and its `inner_norm`.
+    rope_half: RoPE rotates pairs half a head apart (DINOv3).
+    scanned: return (output, None), as the body of `nn.scan`.
+  """
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  relative_max_distance: Optional[int] = None
+  drop_path_rate: float = 0.
+  gelu_approximate: bool = True
+  swiglu: bool = False
+  layerscale_init: Optional[float] = None
+  qkv_bias: str = 'qkv'
+  layer_norm_eps: float = 1e-6
+  quick_gelu: bool = False
+  mlp_norm: bool = False
+  rope_half: bool = False
+  dtype: Any = jnp.float32
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, inputs, deterministic, grid=None, mask=None, rope=None):
+    """The arguments are positional for `nn.remat`/`nn.scan`: `mask`,
+    boolean (batch, 1, tokens, tokens), True where a token may attend to
+    another; `rope`, (batch, tokens, depth / 2) RoPE angles (`attention`).
+
+    With 'intermediates' mutable, the attention weights are recorded as
+    `MultiHeadDotProductAttention_0/attention_weights`.
+    """
+    options = {} if rope is None else {'rope': rope,
+                                       'rope_half': self.rope_half}
+    if self.relative_max_distance is not None:
+      if grid is None:
+        raise ValueError('A relative position bias needs the patch grid.')
+      relative_bias = RelativePositionBias(self.relative_max_distance,
+                                           name='posembed_relative')
+      options['bias_fn'] = functools.partial(relative_bias, grid=grid)
+
+    norm = functools.partial(lean_ops.LayerNorm, epsilon=self.layer_norm_eps,
+                             dtype=self.dtype)
+    x = norm()(inputs)
+    x = self._attention(x, deterministic, mask, options)
+    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+    x = self._scale(x, 'ls1')
+    x = DropPath(self.drop_path_rate)(x, deterministic=deterministic)
+    x = x + inputs
+
+    y = norm()(x)
+    y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+                 gelu_approximate=self.gelu_approximate, swiglu=self.swiglu,
+                 quick_gelu=self.quick_gelu, inner_norm=self.mlp_norm,
+                 layer_norm_eps=self.layer_norm_eps,
+                 dtype=self.dtype)(y, deterministic=deterministic)
+    y = self._scale(y, 'ls2')
+    y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
+    return (x + y, None) if self.scanned else x + y
+
+  def _attention(self, x, deterministic, mask, options):
+    """Self-attention of `x`: flax's module, or `SelfAttention` (same
+    parameter names) for projections without biases."""
+    settings = dict(num_heads=self.num_heads, deterministic=deterministic,
+                    dropout_rate=self.attention_dropout_rate,
+                    attention_fn=functools.partial(attention, **options),
+                    dtype=self.dtype)
+    sow = self.is_mutable_collection('intermediates')
+    if self.qkv_bias != 'qkv':
+      return SelfAttention(qkv_bias=self.qkv_bias,
+                           name='MultiHeadDotProductAttention_0',
+                           **settings)(x, mask=mask, sow_weights=sow)
+    return nn.MultiHeadDotProductAttention(
+        kernel_init=nn.initializers.xavier_uniform(), broadcast_dropout=False,
+        **settings)(x, x, mask=mask, sow_weights=sow)
+
+  def _scale(self, x, name):
+    """The branch `x` times LayerScale `name`, if the block has them."""
+    if self.layerscale_init is None:
+      return x
+    return LayerScale(self.layerscale_init, name=name)(x)
+
+
+class Encoder(nn.Module):
+  """Position embedding, `num_layers` encoder blocks, final LayerNorm.
+
+  Attributes:
+    add_position_embedding: use position information at all; False is
+      posemb='none' without the dropout on the input (as the original).
+    posemb: one of POSEMBS (docs/position_embeddings.md); 'rope2d' rotates
+      queries and keys in every block (`rope2d_angles`), 'interp2d' adds
+      `Interp2DPosEmb`'s grid, created at the patch grid of initialization.
+    relative_max_distance: clip distance of posemb='relative'.
+    stochastic_depth: drop path rate of the last block; block i of L uses
+      stochastic_depth * i / (L - 1).
+    remat_policy: what each block keeps for the backward pass, a key of
+      REMAT_POLICIES; the rest is recomputed.
+    scan: run the blocks under `nn.scan`, their parameters stacked under
+      `encoderblock` (compile time independent of depth); `checkpoint`
+      reads and writes them in the published per-block names.
+    gelu_approximate: True: tanh GELU (Google's checkpoints); False: exact
+      erf GELU (timm's DeiT, MAE, DINOv2 and converted timm models).
+    swiglu, layerscale_init: see `MlpBlock` and `Encoder1DBlock`.
+    posemb_prefix: the learned 1-D table ('learn') has entries for the
+      prefix (class, register) tokens; False (timm's `no_embed_class`): for
+      the patches only. Set by `VisionTransformer`.
+    final_norm: end with the LayerNorm `encoder_norm`; `VisionTransformer`
+      omits it for its `fc_norm`.
+    pre_norm: a LayerNorm `norm_pre` before the blocks (CLIP's).
+    rope: 2-D RoPE in every block beside `posemb` ('learn' or 'none'), one
+      of ROPES (`rope_angles`): 'eva02' (`rope_theta` 1e4, positions
+      rescaled to `rope_ref_grid`) or 'dinov3' (`rope_theta` 100); prefix
+      tokens are not rotated.
+    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm: see `Encoder1DBlock`.
+  """
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  add_position_embedding: bool = True
+  posemb: str = 'learn'
+  relative_max_distance: int = 8
+  stochastic_depth: float = 0.
+  remat_policy: str = 'none'
+  scan: bool = False
+  gelu_approximate: bool = True
+  swiglu: bool = False
+  layerscale_init: Optional[float] = None
+  posemb_prefix: bool = True
+  final_norm: bool = True
+  pre_norm: bool = False
+  rope: Optional[str] = None
+  rope_theta: float = 10_000.
+  rope_ref_grid: Optional[Tuple[int, int]] = None
+  qkv_bias: str = 'qkv'
+  layer_norm_eps: float = 1e-6
+  quick_gelu: bool = False
+  mlp_norm: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train, grid=None, keep=None):
+    """Encodes (batch, tokens, D); `grid` is the (h, w) of the patch tokens,
+    which come after any prefix (class, register) tokens; 2-D schemes need
+    it. `keep`, (batch, k) ints into the row-major patches: after the
+    position embedding only those patches, in that order, go on (MAE)."""
+    posemb = self._check_inputs(x, grid, keep)
+    rope = None
+    if posemb == 'rope2d' or self.rope:
+      rope = self._rope(x, grid, keep)
+    if self.add_position_embedding:
+      x = self._embed_positions(x, posemb, grid)
+    if keep is not None:
+      x = keep_patches(x, keep, x.shape[1] - grid[0] * grid[1])
+    if self.add_position_embedding:
+      x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    norm = functools.partial(lean_ops.LayerNorm, epsilon=self.layer_norm_eps,
+                             dtype=self.dtype)
+    if self.pre_norm:
+      x = norm(name='norm_pre')(x)
+
+    relative = self.relative_max_distance if posemb == 'relative' else None
+    x = self._blocks(x, not train, grid, relative, rope=rope)
+    if not self.final_norm:
+      return x
+    return norm(name='encoder_norm')(x)
+
+  def _check_inputs(self, x, grid, keep):
+    """The effective posemb, once `grid` and `keep` are known to fit it."""
+    if self.posemb not in POSEMBS:
+      raise ValueError(f'Unknown posemb {self.posemb!r}; expected one of '
+                       f'{POSEMBS}.')
+    posemb = self.posemb if self.add_position_embedding else 'none'
+    needs = None
+    if self.rope and (self.rope not in ROPES or
+                      posemb not in ('learn', 'none')):
+      raise ValueError(f'rope={self.rope!r} with posemb={posemb!r}: expected '
+                       f"one of {ROPES}, beside posemb 'learn' or 'none'.")
+    if posemb == 'rope2d' or self.rope:
+      rope_head_dim(x.shape[-1], self.num_heads)
+    if posemb in ('learn2d', 'relative', 'sincos2d', 'rope2d', 'interp2d'):
+      needs = f'posemb={posemb!r}'
+    elif self.rope:
+      needs = f'rope={self.rope!r}'
+    elif posemb == 'learn' and not self.posemb_prefix:
+      needs = 'posemb_prefix=False'
+    elif keep is not None:
+      needs = 'keep'
+    if needs and (grid is None or x.shape[1] < grid[0] * grid[1]):
+      raise ValueError(f'{needs} needs the patch grid (h, w) of the '
+                       f'{x.shape[1]} tokens, got {grid}.')
+    if keep is None:
+      return posemb
+    if posemb == 'relative':
+      raise ValueError("keep= cannot be used with posemb='relative': its "
+                       'bias is defined on the full patch grid.')
+    patches = grid[0] * grid[1]
+    if (keep.ndim != 2 or keep.shape[0] != x.shape[0] or
+        keep.shape[1] > patches or not jnp.issubdtype(keep.dtype, jnp.integer)):
+      raise ValueError(f'keep must be (batch, k) integer indices, k <= '
+                       f'{patches} patches, batch {x.shape[0]}; got '
+                       f'{keep.dtype} {tuple(keep.shape)}.')
+    return posemb
+
+  def _embed_positions(self, x, posemb, grid):
+    """Adds the position embedding of `posemb` to the tokens `x`."""
+    if posemb == 'learn':
+      if self.posemb_prefix:
+        return AddPositionEmbs(name='posembed_input')(x)
+      prefix = x.shape[1] - grid[0] * grid[1]
+      patches = AddPositionEmbs(name='posembed_input')(x[:, prefix:])
+      return jnp.concatenate([x[:, :prefix], patches], axis=1)
+    if posemb == 'learn2d':
+      return AddPositionEmbs2D(name='posembed_input')(x, grid)
+    if posemb == 'sincos2d':
+      pe = posemb_sincos_2d(*grid, x.shape[-1], dtype=x.dtype)
+      return x + pad_prefix(pe, x.shape[1] - grid[0] * grid[1])
+    if posemb == 'interp2d':  # the grid of initialization, interpolated
+      pe = Interp2DPosEmb(name='posembed_input')(
+          grid_positions(grid), (*grid, x.shape[-1]))
+      return x + pad_prefix(pe, x.shape[1] - grid[0] * grid[1]).astype(
+          x.dtype)
+    return x
+
+  def _rope(self, x, grid, keep):
+    """The RoPE angles of the tokens `x` (prefix tokens: 0), of those that
+    go on after `keep`."""
+    prefix = x.shape[1] - grid[0] * grid[1]
+    head_dim = rope_head_dim(x.shape[-1], self.num_heads)
+    if self.rope:
+      angles = rope_angles(self.rope, grid, head_dim, self.rope_theta,
+                           self.rope_ref_grid)[None]
+    else:
+      rows, cols, _, _ = grid_positions(grid)
+      angles = rope2d_angles(rows, cols, head_dim)
+    angles = pad_prefix(angles, prefix)
+    if keep is None:
+      return angles
+    angles = jnp.broadcast_to(angles, (keep.shape[0], *angles.shape[1:]))
+    return keep_patches(angles, keep, prefix)
+
+  def _blocks(self, x, deterministic, grid, relative_max_distance, mask=None,
+              rope=None):
+    """The encoder blocks: unrolled or scanned, with remat if asked;
+    `mask` and `rope` as `Encoder1DBlock`'s."""
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'Unknown remat_policy {self.remat_policy!r}; expected '
+                       f'one of {tuple(REMAT_POLICIES)}.')
+    block = Encoder1DBlock
+    if self.remat_policy != 'none':
+      block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
+                       static_argnums=(2, 3), prevent_cse=not self.scan)
+    settings = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+                    dropout_rate=self.dropout_rate,
+                    attention_dropout_rate=self.attention_dropout_rate,
+                    relative_max_distance=relative_max_distance,
+                    gelu_approximate=self.gelu_approximate,
+                    swiglu=self.swiglu, layerscale_init=self.layerscale_init,
+                    qkv_bias=self.qkv_bias, layer_norm_eps=self.layer_norm_eps,
+                    quick_gelu=self.quick_gelu, mlp_norm=self.mlp_norm,
+                    rope_half=self.rope == 'dinov3', dtype=self.dtype)
+    if self.scan:
+      if self.stochastic_depth:
+        raise ValueError('transformer.scan runs all blocks alike: it cannot '
+                         'take a per-block stochastic_depth.')
+      x, _ = nn.scan(
+          block, variable_axes={'params': 0, 'intermediates': 0},
+          split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast,) * 4, length=self.num_layers)(
+              scanned=True, name='encoderblock', **settings)(
+                  x, deterministic, grid, mask, rope)
+      return x
+    rates = drop_path_rates(self.stochastic_depth, self.num_layers)
+    for i in range(self.num_layers):
+      x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
+                **settings)(x, deterministic, grid, mask, rope)
+    return x
