@@ -15,6 +15,7 @@ import numpy as np
 from vit_jax import checkpoint
 from vit_jax import cli
 from vit_jax import models
+from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform as preprocess
 from vit_jax.convert.names import missing_keys
@@ -24,6 +25,8 @@ from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.timm_config import timm_settings
 from vit_jax.convert.timm_config import uses_fc_norm
 from vit_jax.convert.timm_config import vit_overrides
+from vit_jax.models.attention import QKV_BIASES
+from vit_jax.models.encoder import Encoder
 
 Flat = Dict[str, np.ndarray]
 
@@ -67,12 +70,18 @@ def _dims(flat: Flat) -> Dict[str, Any]:
       mlp_dim=mlp_dim, resnet=_resnet_layers(flat), dist_token='dist' in flat,
       # Model options: a preset without them takes them as overrides.
       swiglu=flat[mlp.format(0)].shape[-1] == 2 * mlp_dim,
+      mlp_norm='Transformer/encoderblock_0/MlpBlock_3/norm/scale' in flat,
       layerscale='Transformer/encoderblock_0/ls1/scale' in flat,
       registers=flat['reg'].shape[1] if 'reg' in flat else 0,
-      posemb_prefix=_posemb_prefix(flat))
+      posemb_prefix=_posemb_prefix(flat),
+      position_table='Transformer/posembed_input/pos_embedding' in flat,
+      pre_norm='Transformer/norm_pre/scale' in flat,
+      patch_bias='embedding/bias' in flat,
+      qkv_bias=convert_eva.qkv_bias_of(flat),
+      map_head='MAPHead_0/probe' in flat)
 
 
-_OPTIONS = ('swiglu', 'layerscale', 'registers', 'posemb_prefix')
+_OPTIONS = ('swiglu', 'mlp_norm', 'layerscale', 'registers', 'posemb_prefix')
 
 
 def _posemb_prefix(flat: Flat) -> Optional[bool]:
@@ -112,9 +121,15 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               heads=transformer.num_heads,
               dist_token=config.classifier == 'distilled',
               swiglu=bool(transformer.get('swiglu')),
+              mlp_norm=bool(transformer.get('mlp_norm')),
               layerscale=transformer.get('layerscale_init') is not None,
               registers=config.get('num_registers') or 0,
-              posemb_prefix=config.get('posemb_prefix', True))
+              posemb_prefix=config.get('posemb_prefix', True),
+              position_table=config.get('posemb', 'learn') == 'learn',
+              pre_norm=bool(transformer.get('pre_norm')),
+              patch_bias=config.get('patch_bias', True),
+              qkv_bias=transformer.get('qkv_bias', 'qkv'),
+              map_head=config.classifier == 'map')
 
 
 def _misfits(name: str, want: Dict[str, Any]) -> list:
@@ -126,11 +141,13 @@ def _misfits(name: str, want: Dict[str, Any]) -> list:
 
 def infer_preset(flat: Flat, heads: Optional[int] = None,
                  classifier: Optional[str] = None,
-                 family: str = '') -> str:
+                 family: str = '',
+                 overrides: Optional[Dict[str, Any]] = None) -> str:
   """The preset (its name starting with `family`) whose shapes (and
   `heads`) these published names have, and the fewest model options
   (`_OPTIONS`) to override; of several, the one with `classifier`
-  (default: a class token's or 'gap')."""
+  (default: a class token's or 'gap'), then the one that the fewest
+  `overrides` (timm's settings) differ from."""
   want = _dims(flat)
   if heads is not None:
     want['heads'] = heads
@@ -144,7 +161,9 @@ def infer_preset(flat: Flat, heads: Optional[int] = None,
     raise ValueError(f'No {family or ""}preset has these shapes ({want}).')
   same = [name for name in found
           if models.MODEL_CONFIGS[name].get('classifier') == classifier]
-  return min(same or found, key=lambda name: len(misfits[name]))
+  return min(same or found, key=lambda name: (
+      len(misfits[name]),
+      len(_flags(_differences(name, overrides))) if overrides else 0))
 
 
 def _token_classifier(flat: Flat) -> str:
@@ -167,17 +186,23 @@ def check_preset(flat: Flat, name: str, heads: Optional[int] = None) -> None:
                      f'which has {", ".join(misfits)}.')
 
 
-def _check_config_dims(settings, flat: Flat, path: str) -> None:
+def _check_config_dims(settings, flat: Flat, path: str, eva: bool) -> None:
   """config.json and the weights must describe the same model."""
   have = _dims(flat)
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
-  swiglu = mlp_settings(settings)['swiglu']
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
+  if eva:  # Eva's SwiGLU halves are each `hidden` wide
+    swiglu, mlp_dim = settings['swiglu_mlp'], hidden
+    registers = settings['num_reg_tokens']
+  else:
+    swiglu = mlp_settings(settings)['swiglu']
+    mlp_dim, registers = hidden // 2 if swiglu else hidden, settings[
+        'reg_tokens']
   said = dict(width=settings['embed_dim'], depth=settings['depth'],
-              patch=patch, mlp_dim=hidden // 2 if swiglu else hidden,
-              swiglu=swiglu, layerscale=settings['init_values'] is not None,
-              registers=settings['reg_tokens'])
+              patch=patch, mlp_dim=mlp_dim, swiglu=swiglu,
+              layerscale=settings['init_values'] is not None,
+              registers=registers)
   if have['posemb_prefix'] is not None:  # else config.json's says
     said['posemb_prefix'] = not settings['no_embed_class']
   wrong = [f'{key} {value} (weights: {have[key]})'
@@ -261,21 +286,41 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     return _from_swin(state, config, model_name)
   if config_path is None:
     return _from_bare(weights, state, model_name)
-  settings = timm_settings(config)
-  overrides = vit_overrides(settings)
+  if 'architecture' not in config:
+    raise ValueError("config.json names no 'architecture': it is not timm's.")
+  eva = convert_eva.is_eva(config['architecture'])
+  settings = (convert_eva.eva_settings if eva else timm_settings)(config)
+  overrides = (convert_eva.eva_overrides if eva else vit_overrides)(settings)
+  if eva:
+    state = convert_eva.to_vit_state(state)
   state = _fc_norm_as_final(state, overrides['classifier'] in (
-      'token', 'distilled') and uses_fc_norm(settings))
+      'token', 'distilled') and (
+          uses_fc_norm(settings) if not eva else 'fc_norm.weight' in state))
   flat = timm_to_npz(state, settings['num_heads'])
-  _check_complete(flat, weights)
-  _check_config_dims(settings, flat, weights)
-  # MAE's encoder has a plain ViT's keys: timm's pretrained tag tells.
-  tag = (config.get('pretrained_cfg') or {}).get('tag') or ''
+  qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
+  if eva:
+    flat = convert_eva.drop_biases(flat, qkv_bias)
+  _check_complete(flat, weights, overrides)
+  _check_config_dims(settings, flat, weights, eva)
   model_name = model_name or infer_preset(
       flat, settings['num_heads'], overrides['classifier'],
-      family='MAE-' if tag.startswith('mae') else '')
+      family=_family(config), overrides=overrides)
   check_preset(flat, model_name, settings['num_heads'])
   return Source(flat, model_name, _differences(model_name, overrides),
                 dict(config.get('pretrained_cfg') or {}))
+
+
+def _family(config: Dict[str, Any]) -> str:
+  """The preset family of timm's architecture (MAE's encoder has a plain
+  ViT's: timm's pretrained tag tells)."""
+  name = config['architecture']
+  tag = (config.get('pretrained_cfg') or {}).get('tag') or ''
+  for pattern, family in ((r'.*_clip(_quickgelu)?_\d+', 'CLIP-'),
+                          (r'.*_siglip(_gap)?_\d+', 'SigLIP-'),
+                          (r'eva02_.*', 'EVA02-'), (r'.*_dinov3\w*', 'DINOv3-')):
+    if re.fullmatch(pattern, name):
+      return family
+  return 'MAE-' if tag.startswith('mae') else ''
 
 
 def _from_swin(state: Flat, config: Dict[str, Any],
@@ -327,8 +372,14 @@ def _from_bare(weights: str, state: Flat, model_name: Optional[str]
   return Source(flat, model_name, _differences(model_name, overrides), {})
 
 
-def _check_complete(flat: Flat, path: str) -> None:
-  missing = missing_keys(flat)
+def _check_complete(flat: Flat, path: str,
+                    overrides: Optional[Dict[str, Any]] = None) -> None:
+  overrides = overrides or {}
+  missing = missing_keys(
+      flat, patch_bias=overrides.get('patch_bias', True),
+      position_table=overrides.get('posemb', 'learn') == 'learn',
+      qkv_biases=QKV_BIASES[
+          overrides.get('transformer', {}).get('qkv_bias', 'qkv')])
   if missing:
     raise ValueError(f'{path} lacks what a vit_jax ViT has: '
                      f'{", ".join(missing[:6])} (timm: qkv_bias=False or '
@@ -348,7 +399,13 @@ def _check_posembed(flat: Flat, path: str) -> None:
 def _differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
   """The part of `overrides` that preset `name` does not already set."""
   preset = models.MODEL_CONFIGS[name].to_dict()
-  preset['transformer'].setdefault('gelu_approximate', True)  # the Encoder's
+  for key, value in overrides.get('transformer', {}).items():
+    # A field the preset lacks is the Encoder's default.
+    preset['transformer'].setdefault(
+        key, Encoder.__dataclass_fields__[key].default)
+  for key in overrides:
+    if key not in preset and key in models.VisionTransformer.__dataclass_fields__:
+      preset[key] = models.VisionTransformer.__dataclass_fields__[key].default
   ls_init = preset['transformer'].get('layerscale_init')
   if (ls_init is None) == (
       overrides.get('transformer', {}).get('layerscale_init') is None):
@@ -425,6 +482,20 @@ def _check_destination(src: str, dst: str) -> None:
     raise FileNotFoundError(f'{dst}: the folder {folder} does not exist.')
 
 
+def _is_eva_preset(name: str) -> bool:
+  """Whether timm builds the preset `name` with its Eva (`convert.eva`)."""
+  return name.startswith(('EVA02-', 'DINOv3-'))
+
+
+def _to_eva(flat: Flat) -> Flat:
+  """Published names -> the state dict of timm's Eva (EVA-02-B/L's
+  projections and SwiGLU apart, as its MLP's inner norm shows)."""
+  qkv_bias = convert_eva.qkv_bias_of(flat)
+  state = npz_to_timm(convert_eva.with_zero_biases(flat))
+  fused = not any(k.endswith('MlpBlock_3/norm/scale') for k in flat)
+  return convert_eva.from_vit_state(state, fused=fused, qkv_bias=qkv_bias)
+
+
 def convert(src: str, dst: str, model_name: str = None) -> str:
   """Converts `src` to `dst`, by their extensions; returns the preset."""
   _check_destination(src, dst)
@@ -433,7 +504,9 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
     swin = convert_swin.is_swin(flat)
     model_name = model_name or (convert_swin.preset(flat) if swin else
                                 infer_preset(flat))
-    state = convert_swin.npz_to_timm(flat) if swin else npz_to_timm(flat)
+    state = (convert_swin.npz_to_timm(flat) if swin else
+             _to_eva(flat) if _is_eva_preset(model_name) else
+             npz_to_timm(flat))
     save_file = _import('safetensors.numpy', dst).save_file
     save_file({k: np.ascontiguousarray(v, np.float32)
                for k, v in state.items()}, dst)

@@ -1,5 +1,7 @@
 """Parameter names and layouts: timm's state dict <-> the published .npz
-(ViTs and DeiT's, hybrids, MLP-Mixers); Swin's are `convert.swin`'s."""
+(ViTs and DeiT's, CLIP's and SigLIP's towers with its MAP head `attn_pool`,
+hybrids, MLP-Mixers); Swin's are `convert.swin`'s, and `convert.eva` puts
+EVA-02's and DINOv3's in the ViT's names first."""
 
 import re
 from typing import Dict
@@ -19,6 +21,13 @@ _VIT = [
     (r'blocks\.(\d+)\.ls([12])\.gamma',
      r'Transformer/encoderblock_\1/ls\2/scale'),
     (r'pos_embed', 'Transformer/posembed_input/pos_embedding'),
+    (r'norm_pre\.(weight|bias)', r'Transformer/norm_pre/\1'),
+    (r'blocks\.(\d+)\.mlp\.norm\.(weight|bias)',
+     r'Transformer/encoderblock_\1/MlpBlock_3/norm/\2'),
+    (r'attn_pool\.latent', 'MAPHead_0/probe'),
+    (r'attn_pool\.norm\.(weight|bias)', r'MAPHead_0/LayerNorm_0/\1'),
+    (r'attn_pool\.mlp\.fc(\d)\.(weight|bias)',
+     lambda m: f'MAPHead_0/MlpBlock_0/Dense_{int(m[1]) - 1}/{m[2]}'),
     (r'patch_embed\.proj\.(weight|bias)', r'embedding/\1'),
     (r'blocks\.(\d+)\.norm1\.(weight|bias)',
      r'Transformer/encoderblock_\1/LayerNorm_0/\2'),
@@ -62,6 +71,10 @@ _MIXER = [
 ]
 _ATTENTION = re.compile(r'blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)')
 _BLOCK_NPZ = 'Transformer/encoderblock_{}/MultiHeadDotProductAttention_1/'
+# timm's attention pooling (AttentionPoolLatent): the query of `latent`,
+# keys and values fused.
+_POOL = re.compile(r'attn_pool\.(q|kv|proj)\.(weight|bias)')
+_POOL_NPZ = 'MAPHead_0/MultiHeadDotProductAttention_0/'
 
 
 def _leaf_to_npz(value: np.ndarray) -> np.ndarray:
@@ -81,25 +94,40 @@ def _rules(mixer: bool) -> list:
   return _MIXER if mixer else _VIT + _HYBRID
 
 
+def _projections_to_npz(prefix, names, kind, value, heads) -> Flat:
+  """timm's fused projections (weight (n H K, D) or bias) -> flax's
+  `names` under `prefix`: kernels (D, H, K), biases (H, K)."""
+  out = {}
+  for name, part in zip(names, np.split(value, len(names))):
+    if kind == 'weight':
+      out[f'{prefix}{name}/kernel'] = part.T.reshape(part.shape[1], heads, -1)
+    else:
+      out[f'{prefix}{name}/bias'] = part.reshape(heads, -1)
+  return out
+
+
+def _output_to_npz(prefix, kind, value, heads) -> Flat:
+  if kind == 'weight':  # (D, H K) -> (H, K, D)
+    return {f'{prefix}out/kernel': value.T.reshape(heads, -1, value.shape[0])}
+  return {f'{prefix}out/bias': value}
+
+
 def _attention_to_npz(state: Flat, heads: int) -> Flat:
-  """The fused qkv and proj of each block -> query/key/value/out."""
+  """The fused qkv and proj of each block, and of a MAP head (q, kv,
+  proj) -> query/key/value/out."""
   out = {}
   for key, value in state.items():
-    match = _ATTENTION.fullmatch(key)
-    if not match:
-      continue
-    prefix = _BLOCK_NPZ.format(match[1])
-    if match[2] == 'qkv':
-      for name, part in zip(('query', 'key', 'value'), np.split(value, 3)):
-        if match[3] == 'weight':  # (H K, D) -> (D, H, K)
-          out[f'{prefix}{name}/kernel'] = part.T.reshape(
-              part.shape[1], heads, -1)
-        else:
-          out[f'{prefix}{name}/bias'] = part.reshape(heads, -1)
-    elif match[3] == 'weight':  # (D, H K) -> (H, K, D)
-      out[f'{prefix}out/kernel'] = value.T.reshape(heads, -1, value.shape[0])
+    block, pool = _ATTENTION.fullmatch(key), _POOL.fullmatch(key)
+    if block:
+      prefix, part, kind = _BLOCK_NPZ.format(block[1]), block[2], block[3]
+    elif pool:
+      prefix, part, kind = _POOL_NPZ, pool[1], pool[2]
     else:
-      out[f'{prefix}out/bias'] = value
+      continue
+    names = {'qkv': ('query', 'key', 'value'), 'q': ('query',),
+             'kv': ('key', 'value')}.get(part)
+    out.update(_projections_to_npz(prefix, names, kind, value, heads) if names
+               else _output_to_npz(prefix, kind, value, heads))
   return out
 
 
@@ -110,7 +138,7 @@ def _npz_name(key: str, rules) -> str:
     if match:
       name = match.expand(target) if isinstance(target, str) else target(
           match)
-      norm = re.search(r'(LayerNorm_\d|encoder_norm|fc_norm|'
+      norm = re.search(r'(LayerNorm_\d|encoder_norm|fc_norm|norm_pre|/norm|'
                        r'pre_head_layer_norm|gn\w*)/weight$', name)
       return re.sub(r'/weight$', '/scale' if norm else '/kernel', name)
   return None
@@ -122,7 +150,7 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
   out = _attention_to_npz(state, heads)
   unknown = []
   for key, value in state.items():
-    if _ATTENTION.fullmatch(key):
+    if _ATTENTION.fullmatch(key) or _POOL.fullmatch(key):
       continue
     name = _npz_name(key, rules)
     if name is None:
@@ -140,23 +168,27 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
   return out
 
 
-def missing_keys(flat: Flat) -> list:
-  """What a ViT's published names lack of what every ViT has."""
+def missing_keys(flat: Flat, *, patch_bias: bool = True,
+                 position_table: bool = True,
+                 qkv_biases=('query', 'key', 'value')) -> list:
+  """What a ViT's published names lack of what a ViT with this patch bias,
+  position table and these projection biases has."""
   if 'stem/kernel' in flat:
     return []
   norm = 'fc_norm' if 'fc_norm/scale' in flat else 'Transformer/encoder_norm'
-  need = ['embedding/kernel', 'embedding/bias',
-          'Transformer/posembed_input/pos_embedding', f'{norm}/scale',
-          f'{norm}/bias']
+  need = ['embedding/kernel', f'{norm}/scale', f'{norm}/bias']
+  need += ['embedding/bias'] if patch_bias else []
+  need += ['Transformer/posembed_input/pos_embedding'] if position_table else []
   blocks = {m[1] for k in flat
             for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
   leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')
             for leaf in ('scale', 'bias')]
   leaves += [f'MlpBlock_3/Dense_{i}/{leaf}' for i in (0, 1)
              for leaf in ('kernel', 'bias')]
-  leaves += [f'MultiHeadDotProductAttention_1/{part}/{leaf}'
-             for part in ('query', 'key', 'value', 'out')
-             for leaf in ('kernel', 'bias')]
+  attention = 'MultiHeadDotProductAttention_1'
+  leaves += [f'{attention}/{part}/kernel'
+             for part in ('query', 'key', 'value', 'out')]
+  leaves += [f'{attention}/{part}/bias' for part in (*qkv_biases, 'out')]
   if any(re.search('/ls[12]/scale$', k) for k in flat):  # all or none
     leaves += ['ls1/scale', 'ls2/scale']
   need += [f'Transformer/encoderblock_{b}/{leaf}' for b in sorted(blocks)
@@ -173,10 +205,13 @@ def _timm_keys(flat: Flat) -> list:
         'norm1', 'norm2', 'mlp_tokens.fc1', 'mlp_tokens.fc2',
         'mlp_channels.fc1', 'mlp_channels.fc2']
   else:
-    top = ['patch_embed.proj', 'norm', 'fc_norm', 'head', 'head_dist']
-    inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.fc2']
+    top = ['patch_embed.proj', 'norm_pre', 'norm', 'fc_norm', 'head',
+           'head_dist', 'attn_pool.norm', 'attn_pool.mlp.fc1',
+           'attn_pool.mlp.fc2']
+    inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.norm', 'mlp.fc2']
   modules = top + [f'blocks.{i}.{n}' for i in sorted(blocks) for n in inner]
-  keys = ['cls_token', 'dist_token', 'reg_token', 'pos_embed'] + [
+  keys = ['cls_token', 'dist_token', 'reg_token', 'pos_embed',
+          'attn_pool.latent'] + [
       f'{m}.{w}' for m in modules for w in ('weight', 'bias')]
   keys += [f'blocks.{i}.ls{j}.gamma' for i in sorted(blocks) for j in (1, 2)]
   backbone = 'patch_embed.backbone.'
@@ -200,25 +235,35 @@ def npz_to_timm(flat: Flat) -> Flat:
   names = {_npz_name(key, rules): key for key in _timm_keys(flat)}
   out, attention = {}, {}
   for key, value in flat.items():
-    match = re.fullmatch(r'Transformer/encoderblock_(\d+)/'
-                         r'MultiHeadDotProductAttention_1/(\w+)/(\w+)', key)
+    match = re.fullmatch(r'(?:Transformer/encoderblock_(\d+)/'
+                         r'MultiHeadDotProductAttention_1|MAPHead_0/'
+                         r'MultiHeadDotProductAttention_0)/(\w+)/(\w+)', key)
     if match:
       attention[match[1], match[2], match[3]] = value
     elif key in names:
       out[names[key]] = _leaf_to_timm(value)
     else:
       raise ValueError(f'{key!r} has no counterpart in timm (a pre_logits '
-                       'or MAP head, or another position scheme).')
+                       'head, or another position scheme).')
   for (block, name, kind), value in attention.items():
-    if name != 'out':
-      continue
-    prefix = f'blocks.{block}.attn.'
-    qkv = [attention[block, n, kind] for n in ('query', 'key', 'value')]
-    if kind == 'kernel':  # (D, H, K) x 3 -> (3 H K, D); (H, K, D) -> (D, H K)
-      out[prefix + 'qkv.weight'] = np.concatenate(
-          [q.reshape(q.shape[0], -1).T for q in qkv])
-      out[prefix + 'proj.weight'] = value.reshape(-1, value.shape[-1]).T
-    else:
-      out[prefix + 'qkv.bias'] = np.concatenate([q.reshape(-1) for q in qkv])
-      out[prefix + 'proj.bias'] = value
+    if name == 'out':
+      prefix = 'attn_pool.' if block is None else f'blocks.{block}.attn.'
+      parts = ((('q', ('query',)), ('kv', ('key', 'value'))) if block is None
+               else (('qkv', ('query', 'key', 'value')),))
+      for part, names_in in parts:
+        out[f'{prefix}{part}.{_TIMM_LEAF[kind]}'] = _projections_to_timm(
+            [attention[block, n, kind] for n in names_in])
+      out[f'{prefix}proj.{_TIMM_LEAF[kind]}'] = (
+          value.reshape(-1, value.shape[-1]).T if kind == 'kernel' else value)
   return out
+
+
+_TIMM_LEAF = {'kernel': 'weight', 'bias': 'bias'}
+
+
+def _projections_to_timm(parts) -> np.ndarray:
+  """flax's kernels (D, H, K) -> timm's fused (n H K, D); biases (H, K) ->
+  (n H K,)."""
+  if parts[0].ndim == 3:
+    return np.concatenate([p.reshape(p.shape[0], -1).T for p in parts])
+  return np.concatenate([p.reshape(-1) for p in parts])

@@ -21,12 +21,15 @@ _SIZES = {
     'large': dict(embed_dim=1024, depth=24, num_heads=16),
     'huge': dict(embed_dim=1280, depth=32, num_heads=16),
     'giant': dict(embed_dim=1536, depth=40, num_heads=24),  # DINOv2's
+    'so400m': dict(embed_dim=1152, depth=27, num_heads=16,
+                   mlp_ratio=3.7362),  # SigLIP's
 }
 # timm VisionTransformer's defaults for what is read below.
 _VIT_DEFAULTS = dict(global_pool='token', class_token=True, fc_norm=None,
                      act_layer=None, patch_size=16, mlp_ratio=4.,
                      distilled=False, init_values=None, no_embed_class=False,
-                     reg_tokens=0, mlp_layer=None)
+                     reg_tokens=0, mlp_layer=None, pre_norm=False,
+                     layer_norm_eps=1e-6)
 # Arguments that vit_jax computes only at timm's default, and why not else.
 _FIXED = {
     'qkv_bias': (True, 'its attention has no query/key/value biases'),
@@ -35,7 +38,6 @@ _FIXED = {
                 'attn.k_norm)'),
     'scale_attn_norm': (False, 'it normalizes inside the attention'),
     'scale_mlp_norm': (False, 'it normalizes inside the MLP'),
-    'pre_norm': (False, 'a LayerNorm (norm_pre) comes before the blocks'),
     'final_norm': (True, 'no LayerNorm comes after the blocks'),
     'pos_embed': ('learn', 'vit_jax converts only a learned position table'),
     'pool_include_prefix': (False, 'the pooling includes the prefix tokens'),
@@ -43,7 +45,8 @@ _FIXED = {
                          "input; vit_jax's is resized once, when loaded"),
     'dynamic_img_pad': (False, 'it pads images to whole patches'),
     'in_chans': (3, "vit_jax's pipelines feed RGB images"),
-    'norm_layer': (None, "vit_jax's norms are LayerNorms with eps 1e-6"),
+    'norm_layer': (None, "vit_jax's norms are LayerNorms (eps as the "
+                   "entrypoint's)"),
     'embed_norm_layer': (None, 'the patch embedding is normalized'),
     'embed_layer': (None, 'another patch embedding'),
     'block_fn': (None, 'another block'),
@@ -52,7 +55,8 @@ _FIXED = {
 # Carried over to vit_jax (or checked against the weights and the preset).
 _MAPPED = {'global_pool', 'class_token', 'fc_norm', 'act_layer', 'embed_dim',
            'depth', 'num_heads', 'mlp_ratio', 'patch_size', 'distilled',
-           'init_values', 'no_embed_class', 'reg_tokens', 'mlp_layer'}
+           'init_values', 'no_embed_class', 'reg_tokens', 'mlp_layer',
+           'pre_norm', 'layer_norm_eps'}
 # Training, initialization, or what the weights' shapes say anyway.
 _INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
           'patch_drop_rate', 'proj_drop_rate', 'attn_drop_rate',
@@ -98,6 +102,19 @@ def _architecture_args(name: str) -> Dict[str, Any]:
       args.update(mlp_ratio=2.66667 * 2, mlp_layer='swiglu_packed',
                   act_layer='silu')
     return args
+  clip = re.fullmatch(r'vit_(base|large|huge)_patch(\d+)_clip(_quickgelu)?_'
+                      r'\d+', name)
+  if clip:  # its LayerNorm(eps=1e-5) is a partial that config.json lacks
+    return dict(_SIZES[clip[1]], patch_size=int(clip[2]), pre_norm=True,
+                layer_norm_eps=1e-5,
+                act_layer='quick_gelu' if clip[3] else None)
+  siglip = re.fullmatch(r'vit_(base|large|so400m)_patch(\d+)_siglip(_gap)?_'
+                        r'\d+', name)
+  if siglip:
+    pool = dict(global_pool='avg', fc_norm=False) if siglip[3] else dict(
+        global_pool='map')
+    return dict(_SIZES[siglip[1]], patch_size=int(siglip[2]),
+                class_token=False, **pool)
   if re.fullmatch(r'mixer_[sbl](16|32)_224', name):
     raise _unsupported('act_layer', 'GELU', "timm's MlpMixer computes the "
                        "exact GELU, vit_jax's its tanh form")
@@ -106,8 +123,10 @@ def _architecture_args(name: str) -> Dict[str, Any]:
       'entrypoint sets arguments that config.json does not record. Known: '
       'vit_{tiny,small,base,large,huge}_patchP_S, deit_*_patchP_S, '
       'deit_*_distilled_patchP_S, deit3_*_patchP_S, vit_*_patch14_[reg4_]'
-      'dinov2, vit_{base,huge}_patchP_gap_S and the R+ViT hybrids '
-      'vit_*_r*_s*.')
+      'dinov2, vit_{base,huge}_patchP_gap_S, the R+ViT hybrids vit_*_r*_s*, '
+      'vit_*_clip[_quickgelu]_S, vit_*_siglip[_gap]_S, '
+      'eva02_{tiny,small,base,large}_patch14_S and vit_*_patch16_dinov3'
+      '[_qkvb].')
 
 
 def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -138,17 +157,15 @@ def _classifier(settings) -> str:
     # A LayerNorm acts on each token alone: after the pooling (fc_norm) on
     # the class token is the same as before it on every token.
     return 'token'
-  if pool == 'avg' and cls:
-    raise _unsupported('global_pool', pool, 'with class_token=True timm '
-                       "averages the patch tokens, leaving out the class "
-                       "token; vit_jax's 'gap' has no class token")
-  if pool == 'avg':
-    return 'gap'
+  if pool == 'avg':  # of the patch tokens, the prefix left out
+    return 'token_gap' if cls else 'gap'
   if pool == 'token':
     raise _unsupported('class_token', cls, "global_pool='token' needs it")
+  if pool == 'map' and not cls:
+    return 'map'
   if pool == 'map':
-    raise _unsupported('global_pool', pool, "timm's attention pooling "
-                       '(attn_pool) is not converted')
+    raise _unsupported('class_token', cls, "vit_jax's MAP head pools a ViT "
+                       'without one')
   raise _unsupported('global_pool', pool, "vit_jax converts 'token' and "
                      "'avg' pooling only")
 
@@ -168,7 +185,7 @@ def _distilled_classifier(settings) -> str:
 def _gelu_approximate(act) -> bool:
   if act in (None, 'gelu'):  # nn.GELU: the exact erf form
     return False
-  if act == 'gelu_tanh':
+  if act in ('gelu_tanh', 'gelu_pytorch_tanh'):
     return True
   raise _unsupported('act_layer', act, "vit_jax's MLP computes GELU (exact "
                      "or tanh), or SwiGLU, only")
@@ -176,12 +193,14 @@ def _gelu_approximate(act) -> bool:
 
 def mlp_settings(settings) -> Dict[str, Any]:
   """vit_jax's MLP settings for timm's mlp_layer and act_layer."""
+  if settings['mlp_layer'] is None and settings['act_layer'] == 'quick_gelu':
+    return {'gelu_approximate': False, 'swiglu': False, 'quick_gelu': True}
   if settings['mlp_layer'] is None:
     return {'gelu_approximate': _gelu_approximate(settings['act_layer']),
-            'swiglu': False}
+            'swiglu': False, 'quick_gelu': False}
   if settings['mlp_layer'] == 'swiglu_packed' and settings['act_layer'] in (
       'silu', 'swish'):  # timm's SwiGLUPacked: silu(x1) * x2, x1 first
-    return {'gelu_approximate': False, 'swiglu': True}
+    return {'gelu_approximate': False, 'swiglu': True, 'quick_gelu': False}
   raise _unsupported('mlp_layer', settings['mlp_layer'], "vit_jax's MLP is "
                      "timm's Mlp (GELU) or SwiGLUPacked (SiLU)")
 
@@ -197,8 +216,13 @@ def vit_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
                          'changes')
   classifier = _classifier(settings)
   return {'classifier': classifier,
-          'fc_norm': classifier == 'gap' and uses_fc_norm(settings),
+          'fc_norm': (classifier in ('gap', 'token_gap') and
+                      uses_fc_norm(settings)),
           'num_registers': settings['reg_tokens'],
           'posemb_prefix': not settings['no_embed_class'],
+          # timm's patch embedding has no bias before a pre-norm (CLIP).
+          'patch_bias': not settings['pre_norm'],
           'transformer': dict(mlp_settings(settings),
-                              layerscale_init=settings['init_values'])}
+                              layerscale_init=settings['init_values'],
+                              pre_norm=settings['pre_norm'],
+                              layer_norm_eps=settings['layer_norm_eps'])}
