@@ -49,6 +49,13 @@ def _has_pre_logits(params: Mapping[str, Any]) -> bool:
   return 'kernel' in (params.get('pre_logits') or {})
 
 
+def _image_tower(params: Mapping[str, Any], model_config) -> Mapping[str, Any]:
+  """A two-tower file's image tower (`img`), given for an image model."""
+  if 'image' not in model_config and 'img' in params and 'txt' in params:
+    return params['img']
+  return params
+
+
 def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
   """`model_config` (a dict) with the head and `pre_logits` of `params`.
 
@@ -58,8 +65,7 @@ def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
   """
   config = dict(model_config.to_dict() if hasattr(model_config, 'to_dict')
                 else model_config)
-  if 'image' not in config and 'img' in params and 'txt' in params:
-    params = params['img']
+  params = _image_tower(params, config)
   head = params.get('head')
   config['num_classes'] = shape_of(head['kernel'])[-1] if head else None
   config['representation_size'] = (
@@ -101,6 +107,7 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
   if 'patches' not in model_config:  # a ResNet takes any size
     raise ValueError('The model has no patch grid that fixes its '
                      'resolution: give the image size.')
+  params = _image_tower(params, model_config)
   patch = models_vit.patch_size(model_config['patches'])[0]
   mixing = params.get('MixerBlock_0', {}).get('token_mixing')
   tables = params.get('Transformer', {}).get('posembed_input', {})

@@ -21,6 +21,7 @@ from absl import logging
 from etils import epath
 from flax import traverse_util
 import jax
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -80,6 +81,10 @@ def _read_arrays(path: str) -> Params:
         raise CheckpointError(
             f'Cannot read {key!r} from checkpoint {path}: {what} '
             f'({type(e).__name__}: {e}).') from e
+      if flat[key].dtype == np.dtype('V2'):
+        # numpy stores bfloat16 (big_vision's published arrays) as 2 opaque
+        # bytes: read back as bfloat16, loaded as float32.
+        flat[key] = flat[key].view(ml_dtypes.bfloat16).astype(np.float32)
       if flat[key].dtype.kind not in 'biufc':
         raise CheckpointError(
             f'{key!r} in checkpoint {path} has dtype {flat[key].dtype}, not a '
@@ -87,6 +92,20 @@ def _read_arrays(path: str) -> Params:
   if not flat:
     raise CheckpointError(f'Checkpoint {path} holds no arrays.')
   return flat
+
+
+def _from_big_vision(flat: Mapping[str, Any]) -> Params:
+  """big_vision's published layout in the original's: everything under
+  `params/`, each ViT's `pos_embedding` at its top (a tower's, in a two-tower
+  model: `img/`), blocks maybe stacked (`encoderblock`, scanned)."""
+  if not all(k.startswith('params/') for k in flat):
+    return dict(flat)
+  out = {}
+  for key, value in _unscanned({k[7:]: v for k, v in flat.items()}).items():
+    key = re.sub(r'^((?:img|txt)/)?pos_embedding$',
+                 r'\1Transformer/posembed_input/pos_embedding', key)
+    out[key] = value
+  return out
 
 
 def load(path) -> Params:
@@ -98,8 +117,8 @@ def load(path) -> Params:
   non-numeric file.
   """
   path = os.fspath(path)
-  flat = _groupnorm_shapes(_read_arrays(storage.local_copy(path)),
-                           to_file=False)
+  flat = _groupnorm_shapes(
+      _from_big_vision(_read_arrays(storage.local_copy(path))), to_file=False)
   try:
     tree = traverse_util.unflatten_dict(flat, sep='/')
   except (TypeError, ValueError, IndexError) as e:
