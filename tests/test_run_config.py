@@ -13,6 +13,7 @@ import tensorflow as tf
 from vit_jax import checkpoint
 from vit_jax import convert
 from vit_jax import models
+from vit_jax import predict
 from vit_jax import train
 from vit_jax.configs import default
 from vit_jax.convert import transform as preprocess
@@ -27,10 +28,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # own scale), timm's ImageNet statistics (timm.data.IMAGENET_DEFAULT_*).
 GOOGLE = (None, None)
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+CLIP = ((0.48145466, 0.4578275, 0.40821073),  # timm.data.OPENAI_CLIP_*
+        (0.26862954, 0.26130258, 0.27577711))
 FAMILIES = {'ViT-B_16': GOOGLE, 'R50+ViT-B_16': GOOGLE, 'Mixer-B_16': GOOGLE,
             'BiT-R50x1': GOOGLE, 'LiT-B16B': GOOGLE, 'DeiT-S_16': IMAGENET,
             'DeiT3-S_16': IMAGENET, 'DINOv2-S_14': IMAGENET,
-            'MAE-B_16': IMAGENET, 'Swin-T': IMAGENET}
+            'MAE-B_16': IMAGENET, 'Swin-T': IMAGENET, 'CLIP-B_16': CLIP,
+            'SigLIP-So400m_14': GOOGLE, 'EVA02-B_14': CLIP,
+            'DINOv3-S_16': IMAGENET}
 
 
 def command(flags):
@@ -129,12 +134,18 @@ def test_crop_that_makes_no_whole_patches(name, crop, message):
 
 # Converted timm checkpoints through evaluate, few-shot and fine-tuning.
 
-# (golden weights, preset, pp.crop): DINOv2 and MAE at half the side of
-# their tables (resized), DeiT III's 5-class head on 10 classes, Swin's 10.
-CONVERTED = [('timm_ssl/dinov2', 'DINOv2-testing', 28),
-             ('timm_ssl/deit3', 'DeiT3-testing', 32),
-             ('timm_ssl/mae', 'MAE-testing', 32),
-             ('timm_swin.safetensors', 'Swin-testing', 64)]
+# (golden weights, preset, pp.crop, normalization): DINOv2, MAE, CLIP,
+# SigLIP, EVA-02 at half the side of their tables (resized; EVA-02's RoPE
+# rescaled), DeiT III's, CLIP's and EVA-02's 5-class heads on 10 classes,
+# Swin's 10; DINOv3 has no table.
+CONVERTED = [('timm_ssl/dinov2', 'DINOv2-testing', 28, IMAGENET),
+             ('timm_ssl/deit3', 'DeiT3-testing', 32, IMAGENET),
+             ('timm_ssl/mae', 'MAE-testing', 32, IMAGENET),
+             ('timm_swin.safetensors', 'Swin-testing', 64, IMAGENET),
+             ('timm_families/clip', 'CLIP-testing', 32, CLIP),
+             ('timm_families/siglip', 'SigLIP-testing', 32, GOOGLE),
+             ('timm_families/eva02', 'EVA02-testing', 28, CLIP),
+             ('timm_families/dinov3', 'DINOv3-testing', 32, IMAGENET)]
 
 
 def _plumbing(fmnist_dirs):
@@ -145,9 +156,9 @@ def _plumbing(fmnist_dirs):
           'evals.fewshot.seeds': 1}
 
 
-def _normalized_test_images(config, count):
+def _normalized_test_images(config, count, normalization):
   """The first test images as the pipeline resizes them, normalized here
-  with ImageNet's statistics from the [-1, 1] scale."""
+  with `normalization` from the [-1, 1] scale (GOOGLE: as they are)."""
   builder = input_pipeline.get_builder(config)
   pp = config.pp.copy_and_resolve_references()
   with pp.unlocked():
@@ -155,20 +166,33 @@ def _normalized_test_images(config, count):
   images = [input_pipeline.preprocess_eval(
       tf.image.grayscale_to_rgb(example['image']), pp).numpy()
             for example in builder.as_dataset(split='test').take(count)]
-  mean, std = (np.float32(x) for x in IMAGENET)
+  if normalization == GOOGLE:
+    return np.stack(images)
+  mean, std = (np.float32(x) for x in normalization)
   return ((np.stack(images) + 1) / 2 - mean) / std
 
 
-@pytest.mark.parametrize('weights,name,crop', CONVERTED)
+def _recorded_model(name, npz):
+  """The preset with what the converted file's record adds (SigLIP: timm's
+  exact GELU)."""
+  out = _preset(name)
+  for key, value in (preprocess.load_transform(npz).get('model') or
+                     {}).items():
+    out[key] = dict(out[key], **value) if isinstance(value, dict) else value
+  return out
+
+
+@pytest.mark.parametrize('weights,name,crop,normalization', CONVERTED)
 def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
-                                                 fmnist_dirs, tmp_path):
+                                                 normalization, fmnist_dirs,
+                                                 tmp_path):
   npz = str(tmp_path / 'w.npz')
   assert convert.convert(os.path.join(DATA, weights), npz) == name
   flags = dict(_plumbing(fmnist_dirs), pretrained_path=npz, model_name=name,
                **{'pp.crop': crop})
   config = command(flags)
-  assert _model(config) == _preset(name)
-  assert (config.pp.mean, config.pp.std) == IMAGENET
+  assert _model(config) == _recorded_model(name, npz)
+  assert (config.pp.mean, config.pp.std) == normalization
 
   results = {}
   for trainer in ('evaluate', 'fewshot', 'train'):
@@ -179,6 +203,13 @@ def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
   assert 'fewshot_2shot' in results['fewshot']
   assert ('accuracy' in results['evaluate']) == (name == 'Swin-testing')
   assert results['train']['step'] == 2 and 'accuracy' in results['train']
+  # predict: the fine-tuned export, with the record's model settings.
+  exported = str(tmp_path / 'train' / f'{name}.npz')
+  model, params, _ = predict.load_classifier(
+      name, exported, crop, preprocess.load_transform(npz))
+  probs = predict.predict(model, params, _normalized_test_images(
+      config, 2, normalization))
+  assert probs.shape == (2, 10) and np.allclose(probs.sum(-1), 1, atol=1e-5)
 
   # The evaluators' features: the converted model's at this size.
   task = train.make_task(config, str(tmp_path / 'f'), training=False)
@@ -187,9 +218,9 @@ def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
                                 config=config, model=model, mesh=task.mesh)
   feats, _ = evaluator.features(params, 'test')
   ref_model, ref_params, size = checkpoint.load_model(
-      dict(_preset(name), model_name=name), npz, size=crop)
+      dict(_recorded_model(name, npz), model_name=name), npz, size=crop)
   ref_params.pop('head', None)
-  images = _normalized_test_images(config, 8)
+  images = _normalized_test_images(config, 8, normalization)
   ref = ref_model.clone(num_classes=0).apply(
       {'params': ref_params}, images, train=False)
   assert size == crop and feats.shape[1] == ref.shape[1]
