@@ -159,6 +159,12 @@ def test_big_vision_siglip_npz_as_published(tmp_path):
   for key, value in flat.items():
     rounded = value.astype(ml_dtypes.bfloat16).astype(np.float32)
     np.testing.assert_array_equal(got[key], rounded, err_msg=key)
+  # And on to timm: the image tower, as timm's SigLIP names it.
+  back = str(tmp_path / 'siglip.safetensors')
+  assert convert.convert(big_vision, back) == 'SigLIP-testing'
+  want = load_file(os.path.join(FAMILIES, 'siglip', 'model.safetensors'))
+  assert sorted(load_file(back)) == sorted(want)
+
   # timm's features, but for the weights' bfloat16 rounding (2**-9).
   features = model.apply({'params': params}, GOLDEN['images'], train=False)
   error = np.linalg.norm(features - GOLDEN['siglip'], axis=-1)

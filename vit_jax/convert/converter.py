@@ -500,7 +500,12 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   """Converts `src` to `dst`, by their extensions; returns the preset."""
   _check_destination(src, dst)
   if src.endswith('.npz'):
-    flat = checkpoint.published_flat(checkpoint.load(src))
+    params = checkpoint.load(src)
+    if 'img' in params and 'txt' in params:  # LiT's, big_vision's SigLIP
+      print(f'Note: {src} holds two towers: converting the image tower '
+            '(img).', file=sys.stderr)
+      params = params['img']
+    flat = checkpoint.published_flat(params)
     swin = convert_swin.is_swin(flat)
     model_name = model_name or (convert_swin.preset(flat) if swin else
                                 infer_preset(flat))
