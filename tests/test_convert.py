@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 from vit_jax import checkpoint
 from vit_jax import convert
 from vit_jax import models
-from vit_jax.convert import converter
+from vit_jax.convert import preset_inference
 from vit_jax.convert import transform as preprocess
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
@@ -116,8 +116,9 @@ def test_command_line_and_errors(tmp_path):
   with pytest.raises(ValueError, match='expected a .safetensors'):
     convert.read_timm(str(tmp_path / 'v.npz.txt'))
   state = load_file(os.path.join(DATA, 'timm_vit.safetensors'))
-  state['norm_pre.weight'] = np.ones(10, np.float32)
-  with pytest.raises(ValueError, match="'norm_pre.weight' has no counterpart"):
+  state['blocks.0.attn.q_norm.weight'] = np.ones(5, np.float32)
+  with pytest.raises(ValueError, match="'blocks.0.attn.q_norm.weight' has no "
+                     'counterpart'):
     convert.timm_to_npz(state, heads=2)
   flat = convert.timm_to_npz(load_file(os.path.join(
       DATA, 'timm_vit.safetensors')), heads=2)
@@ -252,13 +253,15 @@ def test_exact_gelu_is_needed(tmp_path):
   assert np.abs(exact - HF_GOLDEN['token']).max() < 1e-5
 
 
-def test_avg_pooling_with_class_token_is_refused(tmp_path):
-  """timm averages the patch tokens and leaves out the class token, which
-  no vit_jax classifier does; read as token pooling, the logits are wrong."""
-  with pytest.raises(ValueError, match="timm setting global_pool='avg' is "
-                     'not supported by vit_jax: with class_token=True'):
-    convert.convert(os.path.join(HF, 'avg_cls'), str(tmp_path / 'a.npz'))
-  assert not os.listdir(tmp_path)
+def test_avg_pooling_with_class_token(tmp_path):
+  """timm averages the patch tokens and leaves out the class token:
+  classifier 'token_gap' (EVA-02's and DINOv3's pooling) computes it; read
+  without config.json, as token pooling, the logits are wrong."""
+  npz = str(tmp_path / 'a.npz')
+  assert convert.convert(os.path.join(HF, 'avg_cls'), npz) == 'testing'
+  assert preprocess.load_transform(npz)['model']['classifier'] == 'token_gap'
+  right = _converted_logits(npz, 'testing')
+  assert np.abs(right - HF_GOLDEN['avg_cls']).max() < 1e-5
   shutil.copy(os.path.join(HF, 'avg_cls', 'model.safetensors'), tmp_path)
   npz = str(tmp_path / 'bare.npz')
   convert.convert(str(tmp_path / 'model.safetensors'), npz)
@@ -268,10 +271,7 @@ def test_avg_pooling_with_class_token_is_refused(tmp_path):
 
 @pytest.mark.parametrize('case,setting', [
     ('qk_norm', 'qk_norm=True'),
-    ('map', "global_pool='map'"),
-    ('pre_norm', 'pre_norm=True'),
     ('dynamic_img_size', 'dynamic_img_size=True'),
-    ('quick_gelu', "act_layer='quick_gelu'"),
 ])
 def test_what_vit_jax_cannot_compute_is_refused(tmp_path, case, setting):
   dst = tmp_path / 'model.npz'
@@ -282,12 +282,13 @@ def test_what_vit_jax_cannot_compute_is_refused(tmp_path, case, setting):
 
 
 @pytest.mark.parametrize('case,keys', [
-    ('qk_norm', "'blocks.0.attn.q_norm.weight'"),
-    ('map', "'attn_pool."),
+    ('qk_norm', "'blocks.0.attn.q_norm.weight'.*no counterpart"),
+    ('map', "'attn_pool.latent': attention pooling .* config.json"),
+    ('pre_norm', "'norm_pre.weight': a pre-norm .* config.json"),
 ])
 def test_weights_alone_name_what_has_no_counterpart(tmp_path, case, keys):
   shutil.copy(os.path.join(HF, case, 'model.safetensors'), tmp_path)
-  with pytest.raises(ValueError, match=re.escape(keys) + '.*no counterpart'):
+  with pytest.raises(ValueError, match=keys):
     convert.convert(str(tmp_path / 'model.safetensors'),
                     str(tmp_path / 'model.npz'))
   assert sorted(os.listdir(tmp_path)) == ['model.safetensors']
@@ -300,11 +301,18 @@ def test_weights_alone_name_what_has_no_counterpart(tmp_path, case, keys):
     ('deit3', {'posemb_prefix': False,  # set by the architecture's entrypoint
                'transformer': {'layerscale_init': 1e-6}}),
     ('avg_fc_norm', {'classifier': 'gap', 'fc_norm': True}),  # timm's default
+    # SigLIP's MAP head, CLIP's pre-norm and QuickGELU on a plain ViT (their
+    # logits: tests/test_convert_families.py).
+    ('map', {'classifier': 'map', 'transformer': {'gelu_approximate': False}}),
+    ('pre_norm', {'patch_bias': False, 'transformer': {
+        'gelu_approximate': False, 'pre_norm': True}}),
+    ('quick_gelu', {'transformer': {'quick_gelu': True}}),
 ])
 def test_timm_options_are_carried_over(case, want):
   """What used to be refused (LayerScale, registers, a table without the
-  class entry, a norm after the mean) maps to vit_jax's model options; the
-  logits are checked on tests/data/timm_ssl (tests/test_convert_ssl.py)."""
+  class entry, a norm after the mean, MAP, pre-norm, QuickGELU) maps to
+  vit_jax's model options; the logits are checked on tests/data/timm_ssl
+  and timm_families (tests/test_convert_ssl.py, test_convert_families.py)."""
   with open(os.path.join(HF, case, 'config.json')) as f:
     got = convert.vit_overrides(convert.timm_settings(json.load(f)))
   for key, value in want.items():
@@ -320,7 +328,7 @@ def test_weights_alone_without_a_class_position(tmp_path):
               tmp_path)
   flat = convert.timm_to_npz(load_file(str(tmp_path / 'model.safetensors')),
                              heads=2)
-  assert converter._dims(flat)['posemb_prefix'] is False
+  assert preset_inference.dims(flat)['posemb_prefix'] is False
 
 
 def test_weights_alone_say_what_is_assumed(tmp_path, capsys):
@@ -373,9 +381,9 @@ def test_config_that_timm_did_not_write_is_refused(tmp_path):
   folder = tmp_path / 'siglip'
   shutil.copytree(os.path.join(HF, 'token'), folder)
   (folder / 'config.json').write_text(json.dumps(
-      {'architecture': 'vit_base_patch16_siglip_224'}))
-  with pytest.raises(ValueError, match="'vit_base_patch16_siglip_224' is not "
-                     'one that vit_jax.convert knows'):
+      {'architecture': 'vit_base_patch16_rope_reg1_gap_256'}))
+  with pytest.raises(ValueError, match="'vit_base_patch16_rope_reg1_gap_256' "
+                     'is not one that vit_jax.convert knows'):
     convert.convert(str(folder), dst)
   mixer = tmp_path / 'mixer'
   mixer.mkdir()
@@ -419,13 +427,13 @@ def test_refusal_on_the_command_line(tmp_path):
   """One 'Error:' line, no traceback, nothing written."""
   dst = tmp_path / 'v.npz'
   result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.convert', os.path.join(HF, 'avg_cls'),
+      [sys.executable, '-m', 'vit_jax.convert', os.path.join(HF, 'qk_norm'),
        str(dst)], capture_output=True, text=True, timeout=300, cwd=ROOT)
   assert result.returncode == 1
   lines = [l for l in result.stderr.splitlines() if l.startswith('Error:')]
   assert lines == [l for l in result.stderr.splitlines()
                    if 'Traceback' in l or l.startswith('Error:')]
-  assert lines[0].startswith("Error: timm setting global_pool='avg'")
+  assert lines[0].startswith('Error: timm setting qk_norm=True')
   assert not dst.exists()
 
 

@@ -161,7 +161,7 @@ def test_inconsistent_files_are_refused(tmp_path):
   del state['blocks.1.ls2.gamma']
   with pytest.raises(ValueError, match='lacks what a vit_jax ViT has: '
                      'Transformer/encoderblock_1/ls2/scale'):
-    converter._check_complete(convert.timm_to_npz(state, heads=2), 'x')
+    converter._check_complete(convert.timm_to_npz(state, heads=2), "x")
   with pytest.raises(ValueError, match=r'--model_name=DeiT3-testing does not '
                      r'fit the checkpoint, which has patch \(14, 14\)'):
     convert.convert(os.path.join(SSL, 'dinov2'), dst, 'DeiT3-testing')

@@ -27,15 +27,15 @@ safetensors' numpy API, a torch `.pth`/`.bin` with
 """
 
 # pylint: disable=unused-import
-from vit_jax.convert.converter import check_preset
 from vit_jax.convert.converter import convert
 from vit_jax.convert.converter import fetch
 from vit_jax.convert.converter import from_timm
-from vit_jax.convert.converter import infer_preset
 from vit_jax.convert.converter import locate
 from vit_jax.convert.converter import read_timm
 from vit_jax.convert.converter import Source
 from vit_jax.convert.names import npz_to_timm
+from vit_jax.convert.preset_inference import check_preset
+from vit_jax.convert.preset_inference import infer_preset
 from vit_jax.convert.names import timm_to_npz
 from vit_jax.convert.timm_config import timm_settings
 from vit_jax.convert.timm_config import vit_overrides

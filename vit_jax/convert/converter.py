@@ -3,7 +3,6 @@ converting them to the published .npz and back; the record beside it."""
 
 import importlib
 import json
-import math
 import os
 import re
 import sys
@@ -13,9 +12,15 @@ from flax import traverse_util
 import numpy as np
 
 from vit_jax import checkpoint
-from vit_jax import cli
 from vit_jax import models
 from vit_jax.convert import eva as convert_eva
+from vit_jax.convert.preset_inference import check_preset
+from vit_jax.convert.preset_inference import differences
+from vit_jax.convert.preset_inference import dims
+from vit_jax.convert.preset_inference import flags
+from vit_jax.convert.preset_inference import infer_preset
+from vit_jax.convert.preset_inference import posemb_prefix
+from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform as preprocess
 from vit_jax.convert.names import missing_keys
@@ -26,7 +31,6 @@ from vit_jax.convert.timm_config import timm_settings
 from vit_jax.convert.timm_config import uses_fc_norm
 from vit_jax.convert.timm_config import vit_overrides
 from vit_jax.models.attention import QKV_BIASES
-from vit_jax.models.encoder import Encoder
 
 Flat = Dict[str, np.ndarray]
 
@@ -38,157 +42,9 @@ def _fc_norm_as_final(state: Flat, token_pooling: bool) -> Flat:
   return {re.sub(r'^fc_norm\.', 'norm.', k): v for k, v in state.items()}
 
 
-def _resnet_layers(flat: Flat):
-  """Units per stage of a hybrid's ResNet, None for a plain ViT."""
-  if 'conv_root/kernel' not in flat:
-    return None
-  units = {}
-  for key in flat:
-    match = re.match(r'block(\d+)/unit(\d+)/', key)
-    if match:
-      units[int(match[1])] = max(units.get(int(match[1]), 0), int(match[2]))
-  return tuple(units[i] for i in sorted(units))
-
-
-def _dims(flat: Flat) -> Dict[str, Any]:
-  """The shapes that these published names say, by name."""
-  blocks = {m[1] for k in flat
-            for m in [re.search(r'(?:encoderblock|MixerBlock)_(\d+)/', k)] if m}
-  if 'stem/kernel' in flat:
-    kernel = flat['stem/kernel']
-    return dict(
-        width=kernel.shape[-1], depth=len(blocks), patch=kernel.shape[:2],
-        tokens_mlp_dim=flat['MixerBlock_0/token_mixing/Dense_0/kernel'].shape[
-            -1],
-        channels_mlp_dim=flat['MixerBlock_0/channel_mixing/Dense_0/kernel']
-        .shape[-1])
-  kernel = flat['embedding/kernel']
-  mlp = 'Transformer/encoderblock_0/MlpBlock_3/Dense_{}/kernel'
-  mlp_dim = flat[mlp.format(1)].shape[0]
-  return dict(
-      width=kernel.shape[-1], depth=len(blocks), patch=kernel.shape[:2],
-      mlp_dim=mlp_dim, resnet=_resnet_layers(flat), dist_token='dist' in flat,
-      # Model options: a preset without them takes them as overrides.
-      swiglu=flat[mlp.format(0)].shape[-1] == 2 * mlp_dim,
-      mlp_norm='Transformer/encoderblock_0/MlpBlock_3/norm/scale' in flat,
-      layerscale='Transformer/encoderblock_0/ls1/scale' in flat,
-      registers=flat['reg'].shape[1] if 'reg' in flat else 0,
-      posemb_prefix=_posemb_prefix(flat),
-      position_table='Transformer/posembed_input/pos_embedding' in flat,
-      pre_norm='Transformer/norm_pre/scale' in flat,
-      patch_bias='embedding/bias' in flat,
-      qkv_bias=convert_eva.qkv_bias_of(flat),
-      map_head='MAPHead_0/probe' in flat)
-
-
-_OPTIONS = ('swiglu', 'mlp_norm', 'layerscale', 'registers', 'posemb_prefix')
-
-
-def _posemb_prefix(flat: Flat) -> Optional[bool]:
-  """Whether the position table has the prefix tokens' entries (None: a
-  table whose length says neither, or both)."""
-  table = flat.get('Transformer/posembed_input/pos_embedding')
-  prefix = sum(k in flat for k in ('cls', 'dist')) + (
-      flat['reg'].shape[1] if 'reg' in flat else 0)
-  if table is None:  # another position scheme
-    return True
-  tokens = table.shape[1]
-  square = lambda n: n > 0 and math.isqrt(n)**2 == n
-  if not prefix or square(tokens - prefix) != square(tokens):
-    return not prefix or square(tokens - prefix)
-  return None
-
-
-def _convertible_presets() -> list:
-  """The presets that timm's ViTs and Mixers can be (no LiT, no BiT)."""
-  return [name for name in models.MODEL_CONFIGS
-          if models.model_class(name) in (models.VisionTransformer,
-                                          models.MlpMixer)]
-
-
-def _preset_dims(name: str) -> Dict[str, Any]:
-  config = models.MODEL_CONFIGS[name]
-  if models.model_class(name) is models.MlpMixer:
-    return dict(width=config.hidden_dim, depth=config.num_blocks,
-                patch=tuple(config.patches.size),
-                tokens_mlp_dim=config.tokens_mlp_dim,
-                channels_mlp_dim=config.channels_mlp_dim)
-  resnet, transformer = config.get('resnet'), config.transformer
-  return dict(width=config.hidden_size, depth=transformer.num_layers,
-              patch=tuple(config.patches.size),
-              mlp_dim=transformer.mlp_dim,
-              resnet=tuple(resnet.num_layers) if resnet else None,
-              heads=transformer.num_heads,
-              dist_token=config.classifier == 'distilled',
-              swiglu=bool(transformer.get('swiglu')),
-              mlp_norm=bool(transformer.get('mlp_norm')),
-              layerscale=transformer.get('layerscale_init') is not None,
-              registers=config.get('num_registers') or 0,
-              posemb_prefix=config.get('posemb_prefix', True),
-              position_table=config.get('posemb', 'learn') == 'learn',
-              pre_norm=bool(transformer.get('pre_norm')),
-              patch_bias=config.get('patch_bias', True),
-              qkv_bias=transformer.get('qkv_bias', 'qkv'),
-              map_head=config.classifier == 'map')
-
-
-def _misfits(name: str, want: Dict[str, Any]) -> list:
-  """'what (preset: value)' for each of `want` that preset `name` lacks."""
-  have = _preset_dims(name)
-  return [f'{key} {value} ({name}: {have.get(key)})'
-          for key, value in want.items() if have.get(key) != value]
-
-
-def infer_preset(flat: Flat, heads: Optional[int] = None,
-                 classifier: Optional[str] = None,
-                 family: str = '',
-                 overrides: Optional[Dict[str, Any]] = None) -> str:
-  """The preset (its name starting with `family`) whose shapes (and
-  `heads`) these published names have, and the fewest model options
-  (`_OPTIONS`) to override; of several, the one with `classifier`
-  (default: a class token's or 'gap'), then the one that the fewest
-  `overrides` (timm's settings) differ from."""
-  want = _dims(flat)
-  if heads is not None:
-    want['heads'] = heads
-  if 'stem/kernel' not in flat:
-    classifier = classifier or _token_classifier(flat)
-  misfits = {name: _misfits(name, want) for name in _convertible_presets()
-             if name.startswith(family)}
-  found = [name for name, wrong in misfits.items()
-           if all(w.split()[0] in _OPTIONS for w in wrong)]
-  if not found:
-    raise ValueError(f'No {family or ""}preset has these shapes ({want}).')
-  same = [name for name in found
-          if models.MODEL_CONFIGS[name].get('classifier') == classifier]
-  return min(same or found, key=lambda name: (
-      len(misfits[name]),
-      len(_flags(_differences(name, overrides))) if overrides else 0))
-
-
-def _token_classifier(flat: Flat) -> str:
-  """timm's default pooling of a ViT with these names, as vit_jax's."""
-  if 'dist' in flat:
-    return 'distilled'
-  return 'token' if 'cls' in flat else 'gap'
-
-
-def check_preset(flat: Flat, name: str, heads: Optional[int] = None) -> None:
-  """Raises a ValueError unless preset `name` has these shapes (and heads)."""
-  if name not in _convertible_presets():
-    raise ValueError(cli.closest(name, _convertible_presets(), 'model'))
-  want = _dims(flat)
-  if heads is not None:
-    want['heads'] = heads
-  misfits = [m for m in _misfits(name, want) if m.split()[0] not in _OPTIONS]
-  if misfits:
-    raise ValueError(f'--model_name={name} does not fit the checkpoint, '
-                     f'which has {", ".join(misfits)}.')
-
-
 def _check_config_dims(settings, flat: Flat, path: str, eva: bool) -> None:
   """config.json and the weights must describe the same model."""
-  have = _dims(flat)
+  have = dims(flat)
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
@@ -291,6 +147,7 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   eva = convert_eva.is_eva(config['architecture'])
   settings = (convert_eva.eva_settings if eva else timm_settings)(config)
   overrides = (convert_eva.eva_overrides if eva else vit_overrides)(settings)
+  _check_width(settings, state, weights)
   if eva:
     state = convert_eva.to_vit_state(state)
   state = _fc_norm_as_final(state, overrides['classifier'] in (
@@ -306,8 +163,17 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
       flat, settings['num_heads'], overrides['classifier'],
       family=_family(config), overrides=overrides)
   check_preset(flat, model_name, settings['num_heads'])
-  return Source(flat, model_name, _differences(model_name, overrides),
+  return Source(flat, model_name, differences(model_name, overrides),
                 dict(config.get('pretrained_cfg') or {}))
+
+
+def _check_width(settings, state: Flat, path: str) -> None:
+  """config.json's width is the weights' (before heads split them)."""
+  kernel = state.get('patch_embed.proj.weight')
+  if kernel is not None and kernel.shape[0] != settings['embed_dim']:
+    raise ValueError(f"{path}'s config.json does not describe its weights: "
+                     f"it says width {settings['embed_dim']} (weights: "
+                     f'{kernel.shape[0]}).')
 
 
 def _family(config: Dict[str, Any]) -> str:
@@ -317,7 +183,8 @@ def _family(config: Dict[str, Any]) -> str:
   tag = (config.get('pretrained_cfg') or {}).get('tag') or ''
   for pattern, family in ((r'.*_clip(_quickgelu)?_\d+', 'CLIP-'),
                           (r'.*_siglip(_gap)?_\d+', 'SigLIP-'),
-                          (r'eva02_.*', 'EVA02-'), (r'.*_dinov3\w*', 'DINOv3-')):
+                          (r'eva02_.*', 'EVA02-'),
+                          (r'.*_dinov3\w*', 'DINOv3-')):
     if re.fullmatch(pattern, name):
       return family
   return 'MAE-' if tag.startswith('mae') else ''
@@ -339,6 +206,7 @@ def _from_bare(weights: str, state: Flat, model_name: Optional[str]
   # timm's default pooling for a class token is 'token', where fc_norm (set
   # explicitly) acts as the final norm; without one, 'avg' (fc_norm then).
   state = _fc_norm_as_final(state, 'cls_token' in state)
+  _check_bare(state, weights)
   flat = timm_to_npz(state, heads=1)
   if 'stem/kernel' not in flat:
     _check_posembed(flat, weights)
@@ -359,17 +227,31 @@ def _from_bare(weights: str, state: Flat, model_name: Optional[str]
         f'and std) and the {heads} heads of {model_name}; put '
         "timm's config.json beside it, or pass --model_name.",
         file=sys.stderr)
-  dims = _dims(flat)
-  overrides = {'classifier': _token_classifier(flat),
+  shapes = dims(flat)
+  overrides = {'classifier': token_classifier(flat),
                'fc_norm': 'fc_norm/scale' in flat,
-               'num_registers': dims['registers'],
-               'posemb_prefix': dims['posemb_prefix'],
+               'num_registers': shapes['registers'],
+               'posemb_prefix': shapes['posemb_prefix'],
                'transformer': {'gelu_approximate': False,
-                               'swiglu': dims['swiglu'],
+                               'swiglu': shapes['swiglu'],
                                # Only an init: the weights hold the scales.
-                               'layerscale_init': 1e-5 if dims['layerscale']
+                               'layerscale_init': 1e-5 if shapes['layerscale']
                                                   else None}}
-  return Source(flat, model_name, _differences(model_name, overrides), {})
+  return Source(flat, model_name, differences(model_name, overrides), {})
+
+
+# What only config.json can say how to compute (its settings beside them).
+_NEEDS_CONFIG = {'norm_pre.weight': 'a pre-norm (CLIP: eps, QuickGELU?)',
+                 'attn_pool.latent': 'attention pooling (SigLIP: its GELU)',
+                 'blocks.0.gamma_1': "timm's Eva (EVA-02, DINOv3: RoPE)",
+                 'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)"}
+
+
+def _check_bare(state: Flat, path: str) -> None:
+  for key, what in _NEEDS_CONFIG.items():
+    if key in state:
+      raise ValueError(f'{path} has {key!r}: {what}, whose settings only '
+                       "timm's config.json says; put it beside the weights.")
 
 
 def _check_complete(flat: Flat, path: str,
@@ -388,50 +270,12 @@ def _check_complete(flat: Flat, path: str,
 
 def _check_posembed(flat: Flat, path: str) -> None:
   """Whether the table has the prefix tokens' entries must show."""
-  if _posemb_prefix(flat) is None:
+  if posemb_prefix(flat) is None:
     tokens = flat['Transformer/posembed_input/pos_embedding'].shape[1]
     raise ValueError(f'{path}: its {tokens} position embeddings do not say '
                      'whether they have entries for the class (and register) '
                      "tokens (timm's no_embed_class): put timm's config.json "
                      'beside it.')
-
-
-def _differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
-  """The part of `overrides` that preset `name` does not already set."""
-  preset = models.MODEL_CONFIGS[name].to_dict()
-  for key, value in overrides.get('transformer', {}).items():
-    # A field the preset lacks is the Encoder's default.
-    preset['transformer'].setdefault(
-        key, Encoder.__dataclass_fields__[key].default)
-  for key in overrides:
-    if key not in preset and key in models.VisionTransformer.__dataclass_fields__:
-      preset[key] = models.VisionTransformer.__dataclass_fields__[key].default
-  ls_init = preset['transformer'].get('layerscale_init')
-  if (ls_init is None) == (
-      overrides.get('transformer', {}).get('layerscale_init') is None):
-    overrides = dict(overrides, transformer={  # an init, not in the weights
-        k: v for k, v in overrides['transformer'].items()
-        if k != 'layerscale_init'})
-  out = {}
-  for key, value in overrides.items():
-    if isinstance(value, dict):
-      inner = {k: v for k, v in value.items() if preset[key].get(k) != v}
-      if inner:
-        out[key] = inner
-    elif preset.get(key) != value:
-      out[key] = value
-  return out
-
-
-def _flags(overrides: Dict[str, Any], prefix: str = '') -> list:
-  """'transformer.gelu_approximate=False', ... of nested `overrides`."""
-  out = []
-  for key, value in overrides.items():
-    if isinstance(value, dict):
-      out += _flags(value, f'{prefix}{key}.')
-    else:
-      out.append(f'{prefix}{key}={value!r}')
-  return out
 
 
 def fetch(name: str, timeout: float = 5.) -> str:
@@ -465,7 +309,7 @@ def _record(dst: str, source: Source) -> None:
   preprocess.save_transform(dst, sidecar)
   if source.overrides:
     print(f'Note: {dst} is {source.model_name} with '
-          f'{", ".join(_flags(source.overrides))}, as timm computes it; '
+          f'{", ".join(flags(source.overrides))}, as timm computes it; '
           f'{path.name} records them for predict '
           '(preprocess.model_config).', file=sys.stderr)
 

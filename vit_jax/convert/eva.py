@@ -17,14 +17,10 @@ from typing import Any, Dict
 
 import numpy as np
 
+from vit_jax.convert.timm_config import SIZES  # Eva's sizes are the ViT's
+
 Flat = Dict[str, np.ndarray]
 
-_SIZES = {
-    'tiny': dict(embed_dim=192, depth=12, num_heads=3),
-    'small': dict(embed_dim=384, depth=12, num_heads=6),
-    'base': dict(embed_dim=768, depth=12, num_heads=12),
-    'large': dict(embed_dim=1024, depth=24, num_heads=16),
-}
 # timm Eva's defaults for what is read below.
 _DEFAULTS = dict(
     global_pool='avg', patch_size=16, embed_dim=768, depth=12, num_heads=12,
@@ -70,7 +66,7 @@ def _architecture_args(name: str) -> Dict[str, Any]:
   """What timm's Eva entrypoint `name` passes."""
   eva02 = re.fullmatch(r'eva02_(tiny|small|base|large)_patch14_\d+', name)
   if eva02:
-    args = dict(_SIZES[eva02[1]], patch_size=14, mlp_ratio=4 * 2 / 3,
+    args = dict(SIZES[eva02[1]], patch_size=14, mlp_ratio=4 * 2 / 3,
                 swiglu_mlp=True, use_rot_pos_emb=True, ref_feat_shape=(16, 16))
     if eva02[1] in ('base', 'large'):
       args.update(qkv_fused=False, scale_mlp=True)
@@ -78,7 +74,7 @@ def _architecture_args(name: str) -> Dict[str, Any]:
   dinov3 = re.fullmatch(r'vit_(small|base|large)_patch16_dinov3(_qkvb)?',
                         name)
   if dinov3:  # its LayerNorm(eps=1e-5) is a partial that config.json lacks
-    return dict(_SIZES[dinov3[1]], patch_size=16, dynamic_img_size=True,
+    return dict(SIZES[dinov3[1]], patch_size=16, dynamic_img_size=True,
                 qkv_bias=bool(dinov3[2]), init_values=1e-5, rope_type='dinov3',
                 rope_temperature=100, rope_rotate_half=True,
                 use_rot_pos_emb=True, use_abs_pos_emb=False, num_reg_tokens=4,

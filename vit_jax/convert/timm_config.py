@@ -13,7 +13,7 @@ Flat = Dict[str, np.ndarray]
 
 # What timm's ViT entrypoints pass for each size; the hub's config.json
 # records only the arguments given to `create_model`, not these.
-_SIZES = {
+SIZES = {
     'tiny': dict(embed_dim=192, depth=12, num_heads=3),
     'small': dict(embed_dim=384, depth=12, num_heads=6),
     'medium': dict(embed_dim=512, depth=12, num_heads=8),
@@ -73,29 +73,29 @@ def _architecture_args(name: str) -> Dict[str, Any]:
   plain = re.fullmatch(r'(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)'
                        r'_\d+', name)
   if plain:
-    return dict(_SIZES[plain[1]], patch_size=int(plain[2]))
+    return dict(SIZES[plain[1]], patch_size=int(plain[2]))
   distilled = re.fullmatch(r'deit_(tiny|small|base)_distilled_patch(\d+)_\d+',
                            name)
   if distilled:  # timm's VisionTransformerDistilled
-    return dict(_SIZES[distilled[1]], patch_size=int(distilled[2]),
+    return dict(SIZES[distilled[1]], patch_size=int(distilled[2]),
                 distilled=True)
   gap = re.fullmatch(r'vit_(base|huge)_patch(\d+)_gap_\d+', name)
   if gap:  # 16 heads, also at the base width
-    return dict(_SIZES[gap[1]], patch_size=int(gap[2]), num_heads=16,
+    return dict(SIZES[gap[1]], patch_size=int(gap[2]), num_heads=16,
                 class_token=False, global_pool='avg', fc_norm=False)
   hybrid = re.fullmatch(r'vit_(tiny|small|base|large)_r\d*_s\d+(?:_p(\d+))?'
                         r'_\d+', name)
   if hybrid:  # patches of the ResNet's feature map
-    return dict(_SIZES[hybrid[1]], patch_size=int(hybrid[2] or 1))
+    return dict(SIZES[hybrid[1]], patch_size=int(hybrid[2] or 1))
   deit3 = re.fullmatch(r'deit3_(small|medium|base|large|huge)_patch(\d+)_'
                        r'\d+(?:_\w+)?', name)
   if deit3:
-    return dict(_SIZES[deit3[1]], patch_size=int(deit3[2]),
+    return dict(SIZES[deit3[1]], patch_size=int(deit3[2]),
                 no_embed_class=True, init_values=1e-6)
   dinov2 = re.fullmatch(r'vit_(small|base|large|giant)_patch14_(reg4_)?'
                         r'dinov2', name)
   if dinov2:
-    args = dict(_SIZES[dinov2[1]], patch_size=14, init_values=1e-5)
+    args = dict(SIZES[dinov2[1]], patch_size=14, init_values=1e-5)
     if dinov2[2]:
       args.update(reg_tokens=4, no_embed_class=True)
     if dinov2[1] == 'giant':  # timm's fc1 of 8192 = 2 x 4096 features
@@ -105,7 +105,7 @@ def _architecture_args(name: str) -> Dict[str, Any]:
   clip = re.fullmatch(r'vit_(base|large|huge)_patch(\d+)_clip(_quickgelu)?_'
                       r'\d+', name)
   if clip:  # its LayerNorm(eps=1e-5) is a partial that config.json lacks
-    return dict(_SIZES[clip[1]], patch_size=int(clip[2]), pre_norm=True,
+    return dict(SIZES[clip[1]], patch_size=int(clip[2]), pre_norm=True,
                 layer_norm_eps=1e-5,
                 act_layer='quick_gelu' if clip[3] else None)
   siglip = re.fullmatch(r'vit_(base|large|so400m)_patch(\d+)_siglip(_gap)?_'
@@ -113,7 +113,7 @@ def _architecture_args(name: str) -> Dict[str, Any]:
   if siglip:
     pool = dict(global_pool='avg', fc_norm=False) if siglip[3] else dict(
         global_pool='map')
-    return dict(_SIZES[siglip[1]], patch_size=int(siglip[2]),
+    return dict(SIZES[siglip[1]], patch_size=int(siglip[2]),
                 class_token=False, **pool)
   if re.fullmatch(r'mixer_[sbl](16|32)_224', name):
     raise _unsupported('act_layer', 'GELU', "timm's MlpMixer computes the "
