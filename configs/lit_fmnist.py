@@ -80,7 +80,11 @@ def get_config(loss='softmax') -> ml_collections.ConfigDict:
       'vocab_path': '',
       'text_key': '',  # a tfds string feature, instead of class captions
       'class_captions': class_captions(),
+      # False: both towers train (configs/siglip_fmnist.py).
+      'locked': True,
   })
+  # The sigmoid loss chunked over the devices; False: all-gathered.
+  config.siglip_chunked = True
   # Zero-shot classification of the test set from the class names alone.
   config.evals = ml_collections.ConfigDict()
   config.evals.zeroshot = ml_collections.ConfigDict({

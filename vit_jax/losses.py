@@ -11,7 +11,8 @@ softmax (CLIP, LiT): InfoNCE in both directions, each image classifying its
   logits = t zimg ztxt^T, loss = mean_i (CE(row i, i) + CE(column i, i)) / 2.
 sigmoid (SigLIP, Zhai et al., ICCV 2023): every pair is a binary problem,
   label +1 on the diagonal and -1 off it: logits = t zimg ztxt^T + b,
-  loss = -sum_ij log sigmoid(label_ij logits_ij) / batch.
+  loss = -sum_ij log sigmoid(label_ij logits_ij) / batch; chunked over the
+  devices by `sigmoid_loss_chunked`.
 """
 
 import jax
@@ -44,6 +45,39 @@ def sigmoid_loss(zimg, ztxt, t, b):
   logits = t * zimg @ ztxt.T + b
   labels = 2 * jnp.eye(logits.shape[0]) - 1
   return -jnp.sum(jax.nn.log_sigmoid(labels * logits)) / logits.shape[0]
+
+
+def sigmoid_loss_chunked(zimg, ztxt, t, b, *, mesh, axis='data'):
+  """`sigmoid_loss` without the global batch x batch logits (SigLIP's
+  chunked form, Sec. 3.3): each device scores its images against its own
+  captions (the positives), then passes its captions on around the ring of
+  `axis` and adds each chunk's negatives. Rows of `zimg` and `ztxt` are
+  sharded over `axis`; the largest product is local x local."""
+  devices = mesh.shape[axis]
+  ring = [(i, (i + 1) % devices) for i in range(devices)]
+
+  def local(zimg, ztxt, t, b):
+    def chunk(ztxt, labels):
+      logits = t * zimg @ ztxt.T + b
+      return -jnp.sum(jax.nn.log_sigmoid(labels * logits))
+
+    n = zimg.shape[0]
+    loss = chunk(ztxt, 2 * jnp.eye(n) - 1)
+
+    def next_chunk(carry, _):
+      ztxt, loss = carry
+      ztxt = jax.lax.ppermute(ztxt, axis, ring)
+      return (ztxt, loss + chunk(ztxt, -1.)), None
+
+    (_, loss), _ = jax.lax.scan(next_chunk, (ztxt, loss), None,
+                                length=devices - 1)
+    return jax.lax.psum(loss, axis) / (n * devices)
+
+  spec = jax.sharding.PartitionSpec(axis)
+  replicated = jax.sharding.PartitionSpec()
+  return jax.shard_map(local, mesh=mesh, out_specs=replicated,
+                       in_specs=(spec, spec, replicated, replicated))(
+                           zimg, ztxt, t, b)
 
 
 CONTRASTIVE = {'softmax': softmax_loss, 'sigmoid': sigmoid_loss}

@@ -168,10 +168,12 @@ class LitModel(nn.Module):
         max_len=self.pp.max_len, size=self.pp.size, crop=crop)
 
   @nn.compact
-  def __call__(self, *, images=None, tokens=None, train=False):
+  def __call__(self, *, images=None, tokens=None, train=False,
+               train_image=False):
     """Returns (zimg, ztxt, out): normalized embeddings (None for an absent
     input) and a dict with `t` (the temperature exp(t)), `b` if any, and
-    intermediate values. The image tower never trains (it is locked)."""
+    intermediate values. The image tower runs in training mode only with
+    `train_image` (LiT's is locked)."""
     if self.text_model not in TEXT_MODELS:
       raise ValueError(f'Unknown text_model {self.text_model!r}; expected one '
                        f'of {tuple(TEXT_MODELS)}.')
@@ -192,7 +194,7 @@ class LitModel(nn.Module):
     if images is not None:
       tower = models_vit.VisionTransformer(
           **{**self.image, 'num_classes': img_dim}, name='img')
-      zimg, out['img/norm'] = _normalized(tower(images, train=False))
+      zimg, out['img/norm'] = _normalized(tower(images, train=train_image))
       out['img/normalized'] = zimg
     t = self.param('t', nn.initializers.constant(np.log(self.temperature_init)),
                    (1,), jnp.float32)

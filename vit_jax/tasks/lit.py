@@ -1,11 +1,19 @@
-"""LiT (`trainer='lit'`): a text tower learns to match a locked image tower,
-with the softmax or sigmoid contrastive loss (`config.lit.loss`).
+"""Image-text training (`trainer='lit'`) with the softmax (CLIP) or sigmoid
+(SigLIP) contrastive loss (`config.lit.loss`): LiT, a text tower matched to
+a locked image tower, or with `config.lit.locked=False` both towers trained
+(CLIP, SigLIP; from scratch unless given weights).
 
-The image tower is locked three ways: its embeddings are computed outside
-the gradient (under `stop_gradient`), the optimizer gives its parameters no
-update and keeps no state for them (labels 'frozen'), and it runs in
-inference mode (no dropout; a ViT has no batch statistics).
+A locked image tower is locked three ways: its embeddings are computed
+outside the gradient (under `stop_gradient`), the optimizer gives its
+parameters no update and keeps no state for them (labels 'frozen'), and it
+runs in inference mode (no dropout; a ViT has no batch statistics).
+
+The sigmoid loss is chunked over the devices (`losses.sigmoid_loss_chunked`)
+unless `config.siglip_chunked=False`, which all-gathers the embeddings.
 """
+
+import functools
+
 
 from etils import epath
 from flax import traverse_util
@@ -22,6 +30,10 @@ from vit_jax.run import config_checks
 from vit_jax.run import optim
 from vit_jax.run import storage
 from vit_jax.tasks import base
+
+
+# Captions of the batch among which the `retrieval` metric looks.
+RETRIEVAL_ROWS = 256
 
 
 def validate_lit_config(config):
@@ -94,11 +106,11 @@ def frozen_image_tower(params):
 class Task(base.Task):
   """A LiT model, its locked tower, contrastive step and caption batches."""
 
-  param_labels = staticmethod(frozen_image_tower)
-
   def __init__(self, config, workdir, mesh, *, training=True):
     validate_lit_config(config)
     self.config, self.workdir, self.mesh = config, workdir, mesh
+    self.locked = config.lit.get('locked', True)
+    self.param_labels = frozen_image_tower if self.locked else None
     self.model = models_lit.LitModel(**config.model)
     abstract_params(config, self.model)  # checks the towers' widths agree
     if training:
@@ -110,21 +122,25 @@ class Task(base.Task):
 
   def check_initial_files(self):
     full = config_checks.pretrained_path(self.config)
-    if not (full or self.config.lit.image_init):
+    if self.locked and not (full or self.config.lit.image_init):
       raise ValueError('A locked image tower needs weights: set '
                        'config.lit.image_init (an image model .npz) or '
-                       'pretrained_path (a LiT .npz).')
+                       'pretrained_path (a LiT .npz), or train both towers '
+                       '(config.lit.locked=False).')
     for path in (full, self.config.lit.image_init):
       if path:
         storage.local_copy(path)  # fails fast; fetched once if remote
 
   def initial_params(self, params):
-    """All from `pretrained_path` (a LiT .npz), else the locked image tower
-    from `config.lit.image_init` (an image model's or a LiT .npz)."""
+    """All from `pretrained_path` (a LiT .npz), else the image tower from
+    `config.lit.image_init` (an image model's or a LiT .npz), else None
+    (both towers from scratch)."""
     full = config_checks.pretrained_path(self.config)
     if full:
       return checkpoint.load_params(full, init_params=params,
                                     model_config={})
+    if not self.config.lit.image_init:
+      return None
     params['img'] = checkpoint.load_params(
         self.config.lit.image_init, init_params=params['img'],
         model_config=self.config.model.image)
@@ -132,24 +148,40 @@ class Task(base.Task):
 
   def train_step(self, state, batch, *, rng):
     """One step on the text tower (and t, b) against locked image
-    embeddings."""
-    zimg, _, _ = state.apply_fn({'params': state.params},
-                                images=batch['image'])
-    zimg = jax.lax.stop_gradient(zimg)
-    loss_fn = losses.CONTRASTIVE[self.config.lit.loss]
+    embeddings, or on both towers."""
+    zimg = None
+    if self.locked:
+      zimg, _, _ = state.apply_fn({'params': state.params},
+                                  images=batch['image'])
+      zimg = jax.lax.stop_gradient(zimg)
+    loss_fn = self.loss_fn()
 
     def compute_loss(params):
-      _, ztxt, out = state.apply_fn(
-          {'params': params}, tokens=batch['tokens'], train=True,
+      images = None if self.locked else batch['image']
+      z_image, ztxt, out = state.apply_fn(
+          {'params': params}, images=images, tokens=batch['tokens'],
+          train=True, train_image=not self.locked,
           rngs={'dropout': jax.random.fold_in(rng, state.step)})
+      z_image = zimg if self.locked else z_image
       b = out['b'][0] if 'b' in out else None
-      return loss_fn(zimg, ztxt, out['t'][0], b), (ztxt, out['t'][0])
+      return loss_fn(z_image, ztxt, out['t'][0], b), (z_image, ztxt,
+                                                      out['t'][0])
 
-    (value, (ztxt, t)), grads = jax.value_and_grad(
+    (value, (z_image, ztxt, t)), grads = jax.value_and_grad(
         compute_loss, has_aux=True)(state.params)
+    # Among the first captions only: all would form the batch x batch
+    # similarities that the chunked loss avoids.
     metrics = {'loss': value, 'temperature': t,
-               'retrieval': losses.retrieval_accuracy(zimg, ztxt)}
+               'retrieval': losses.retrieval_accuracy(
+                   z_image[:RETRIEVAL_ROWS], ztxt[:RETRIEVAL_ROWS])}
     return state.apply_gradients(grads=grads), metrics
+
+  def loss_fn(self):
+    """(zimg, ztxt, t, b) -> the configured contrastive loss."""
+    if self.config.lit.loss == 'sigmoid' and self.config.get(
+        'siglip_chunked', True):
+      return functools.partial(losses.sigmoid_loss_chunked, mesh=self.mesh)
+    return losses.CONTRASTIVE[self.config.lit.loss]
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the (image, tokens) batches."""
