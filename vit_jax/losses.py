@@ -57,6 +57,9 @@ def sigmoid_loss_chunked(zimg, ztxt, t, b, *, mesh, axis='data'):
   ring = [(i, (i + 1) % devices) for i in range(devices)]
 
   def local(zimg, ztxt, t, b):
+    # Recomputed in the backward pass: it keeps each chunk's captions, not
+    # its local x local logits (all of them would be local x global again).
+    @jax.checkpoint
     def chunk(ztxt, labels):
       logits = t * zimg @ ztxt.T + b
       return -jnp.sum(jax.nn.log_sigmoid(labels * logits))
