@@ -1,8 +1,9 @@
-"""SigLIP and CLIP with both towers trained (configs/siglip_fmnist.py), and
-the sigmoid loss chunked over the devices against its all-gathered form and
-numpy written from the paper's equation."""
+"""SigLIP and CLIP with both towers trained (configs/siglip_fmnist.py); the
+sigmoid loss chunked over the devices against its all-gathered form and
+numpy written from the paper's equation; big_vision's SigLIP checkpoints."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -12,6 +13,7 @@ from vit_jax import checkpoint
 from vit_jax import losses
 from vit_jax import train
 from vit_jax.configs import siglip_fmnist
+from vit_jax.models import lit as models_lit
 from vit_jax.models import presets as model_configs
 
 
@@ -93,3 +95,24 @@ def test_chunked_and_gathered_runs_end_alike(fmnist_dirs, tmp_path):
                           ).init_params(jax.random.key(0))
   assert np.abs(params[True]['img']['embedding']['kernel'] -
                 fresh['img']['embedding']['kernel']).max() > 1e-3
+
+
+def test_big_vision_two_towers_give_big_vision_embeddings():
+  """big_vision's SigLIP .npz as published (both towers, the image tower's
+  blocks scanned, bfloat16 tables) against the embeddings that big_vision's
+  own model code computed (scripts/make_big_vision_siglip_golden.py)."""
+  data = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+  golden = np.load(os.path.join(data, 'big_vision_siglip_golden.npz'))
+  image = model_configs.MODEL_CONFIGS['SigLIP-testing'].to_dict()
+  model = models_lit.LitModel(
+      image=image, text_model='text_transformer',
+      text=dict(width=32, num_layers=2, mlp_dim=64, num_heads=2,
+                vocab_size=64), out_dim=(None, 32), temperature_init=10.0,
+      bias_init=-10.0)
+  params = checkpoint.load(os.path.join(data, 'big_vision_siglip.npz'))
+  zimg, ztxt, out = model.apply({'params': params}, images=golden['images'],
+                                tokens=golden['tokens'])
+  np.testing.assert_allclose(zimg, golden['zimg'], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ztxt, golden['ztxt'], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out['t'], golden['t'], rtol=1e-6)
+  np.testing.assert_allclose(out['b'], golden['b'], rtol=1e-6)

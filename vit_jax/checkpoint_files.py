@@ -96,13 +96,14 @@ def _read_arrays(path: str) -> Params:
 
 def _from_big_vision(flat: Mapping[str, Any]) -> Params:
   """big_vision's published layout in the original's: everything under
-  `params/`, each ViT's `pos_embedding` at its top (a tower's, in a two-tower
-  model: `img/`), blocks maybe stacked (`encoderblock`, scanned)."""
+  `params/`, a ViT's `pos_embedding` at its top (the image tower's, `img/`,
+  in a two-tower model; the text tower's stays there, as ours), blocks
+  maybe stacked (`encoderblock`, scanned)."""
   if not all(k.startswith('params/') for k in flat):
     return dict(flat)
   out = {}
   for key, value in _unscanned({k[7:]: v for k, v in flat.items()}).items():
-    key = re.sub(r'^((?:img|txt)/)?pos_embedding$',
+    key = re.sub(r'^(img/)?pos_embedding$',
                  r'\1Transformer/posembed_input/pos_embedding', key)
     out[key] = value
   return out
