@@ -305,7 +305,8 @@ def test_preset_options():
       assert not config.gelu_approximate, name
     elif model_configs.weights_source(name) == 'timm':
       assert not config.transformer.gelu_approximate, name
-      assert config.classifier in ('token', 'distilled'), name
+      # EVA-02 and DINOv3 keep a class token and pool the patches, as timm.
+      assert config.classifier in ('token', 'distilled', 'token_gap'), name
       assert config.transformer.dropout_rate == 0, name
   get = models.MODEL_CONFIGS.get
   assert get('DINOv2-g_14').transformer.swiglu
