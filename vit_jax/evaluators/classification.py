@@ -27,7 +27,11 @@ def eval_step(params, batch, *, apply_fn, loss: str):
 
 class Evaluator(common.Evaluator):
   """`type='classification'`: settings `dataset` and `split` (default: the
-  run's dataset and `pp.test`); metrics `accuracy`, `loss`, `count`."""
+  run's dataset and `pp.test`); metrics `accuracy`, `loss`, `count`.
+
+  Setting `patch_size` (a ViT's, FlexiViT): evaluates at that patch size,
+  metrics `accuracy_patch{p}`, `loss_patch{p}`, `count`.
+  """
 
   def __init__(self, name, settings, *, config, model, mesh, **_):
     super().__init__(name, settings)
@@ -40,17 +44,27 @@ class Evaluator(common.Evaluator):
                                        if model.num_classes else 'no head')
           + '.')
     self.mesh = mesh
-    self.step = jax.jit(functools.partial(eval_step, apply_fn=model.apply,
+    self.patch_size = settings.get('patch_size')
+    apply_fn = model.apply
+    if self.patch_size:
+      apply_fn = functools.partial(model.apply, patch_size=self.patch_size)
+    # Evaluators at several patch sizes write their metrics side by side.
+    self.suffix = f'_patch{self.patch_size}' if self.patch_size else ''
+    self.step = jax.jit(functools.partial(eval_step, apply_fn=apply_fn,
                                           loss=config.loss))
 
   def __call__(self, params):
-    return common.masked_means(self.step, params, self.info, self.data,
-                               self.mesh)
+    metrics = common.masked_means(self.step, params, self.info, self.data,
+                                  self.mesh)
+    return {k if k == 'count' else k + self.suffix: v
+            for k, v in metrics.items()}
 
   def summary(self, metrics):
-    return (f'test accuracy {metrics["accuracy"]:.4f}  loss '
-            f'{metrics["loss"]:.4f}  ({metrics["count"]} examples)')
+    at = f' at patch {self.patch_size}' if self.patch_size else ''
+    return (f'test accuracy{at} {metrics["accuracy" + self.suffix]:.4f}  '
+            f'loss {metrics["loss" + self.suffix]:.4f}  ({metrics["count"]} '
+            'examples)')
 
   def scalars(self, metrics):
-    return {'eval_accuracy': metrics['accuracy'],
-            'eval_loss': metrics['loss']}
+    return {'eval_accuracy' + self.suffix: metrics['accuracy' + self.suffix],
+            'eval_loss' + self.suffix: metrics['loss' + self.suffix]}

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.models import flexi
 from vit_jax.models import ops as lean_ops
 from vit_jax.models.attention import attention
 from vit_jax.models.attention import SelfAttention
@@ -172,6 +173,8 @@ class Encoder(nn.Module):
       rescaled to `rope_ref_grid`) or 'dinov3' (`rope_theta` 100); prefix
       tokens are not rotated.
     qkv_bias, layer_norm_eps, quick_gelu, mlp_norm: see `Encoder1DBlock`.
+    posemb_grid: make the 'learn' table at this (h, w) and resize it to
+      each call's grid (`flexi`); set by `VisionTransformer`.
   """
   num_layers: int
   mlp_dim: int
@@ -197,6 +200,7 @@ class Encoder(nn.Module):
   layer_norm_eps: float = 1e-6
   quick_gelu: bool = False
   mlp_norm: bool = False
+  posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -265,6 +269,9 @@ class Encoder(nn.Module):
 
   def _embed_positions(self, x, posemb, grid):
     """Adds the position embedding of `posemb` to the tokens `x`."""
+    if posemb == 'learn' and self.posemb_grid is not None:  # FlexiViT
+      return flexi.ResizedPositionEmbs(self.posemb_grid, self.posemb_prefix,
+                                       name='posembed_input')(x, grid)
     if posemb == 'learn':
       if self.posemb_prefix:
         return AddPositionEmbs(name='posembed_input')(x)

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
+from vit_jax.models import flexi
 from vit_jax.models import ops as lean_ops
 from vit_jax.models import resnet as models_resnet
 from vit_jax.models.layers import IdentityLayer
@@ -108,6 +109,8 @@ class VisionTransformer(nn.Module):
       encoder's final `encoder_norm` (timm's MAE fine-tuning with 'gap').
     head_bias_init: initial bias of the zero-initialized head.
     patch_bias: the patch embedding has a bias (not CLIP's).
+    posemb_grid: FlexiViT: the (h, w) of the 'learn' table, resized to the
+      tokens' grid at every call; None: the grid of the images at init.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
       stay float32; LayerNorm statistics, softmax and logits are float32.
   """
@@ -124,26 +127,31 @@ class VisionTransformer(nn.Module):
   fc_norm: bool = False
   head_bias_init: float = 0.
   patch_bias: bool = True
+  posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
 
   @nn.compact
-  def __call__(self, inputs, *, train, keep=None):
+  def __call__(self, inputs, *, train, keep=None, patch_size=None):
     """Logits (or features) of NHWC `inputs`; `keep` (batch, k) ints picks
-    the patches (row-major) that the encoder sees, as `Encoder`'s."""
+    the patches (row-major) that the encoder sees, as `Encoder`'s;
+    `patch_size` (int or pair) runs at that patch size (`flexi`)."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'Unknown classifier {self.classifier!r}; '
                        f'expected one of {CLASSIFIERS}.')
-    x, grid = self._embed(inputs)
+    x, grid = self._embed(inputs, patch_size)
     x = Encoder(name='Transformer', posemb=self.posemb,
                 posemb_prefix=self.posemb_prefix, final_norm=not self.fc_norm,
+                posemb_grid=flexi.table_grid(self.posemb_grid, grid,
+                                             patch_size),
                 dtype=jnp.dtype(self.dtype), **self.transformer)(
                     x, train=train, grid=grid, keep=keep)
     return self._head(x, train)
 
-  def _embed(self, inputs):
+  def _embed(self, inputs, new_patch=None):
     """(prefix tokens then patch tokens, the (h, w) grid of the patches)."""
-    ph, pw = patch_size(self.patches)
+    stored = patch_size(self.patches)
+    ph, pw = stored if new_patch is None else flexi.pair(new_patch)
     x = inputs
     if self.resnet is not None:
       check_image_size(x.shape, (1, 1))
@@ -155,9 +163,13 @@ class VisionTransformer(nn.Module):
       check_image_size(x.shape, (ph, pw))
 
     dtype = jnp.dtype(self.dtype)
-    x = nn.Conv(self.hidden_size, kernel_size=(ph, pw), strides=(ph, pw),
-                padding='VALID', use_bias=self.patch_bias, name='embedding',
-                dtype=dtype)(x)
+    if new_patch is not None:  # FlexiViT: the stored kernel, PI-resized
+      x = flexi.PatchEmbed(self.hidden_size, stored, use_bias=self.patch_bias,
+                           dtype=dtype, name='embedding')(x, (ph, pw))
+    else:
+      x = nn.Conv(self.hidden_size, kernel_size=(ph, pw), strides=(ph, pw),
+                  padding='VALID', use_bias=self.patch_bias, name='embedding',
+                  dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     prefix = []

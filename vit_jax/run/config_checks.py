@@ -84,6 +84,7 @@ def validate(config, num_devices_data: int):
         f'{config.accum_steps} micro-batches divisible by the '
         f'{num_devices_data} devices on the mesh `data` axis.')
   check_image_size(config)
+  check_patch_sizes(config)
   if config.batch_eval % num_devices_data:
     raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
                      f'{num_devices_data} devices on the `data` axis.')
@@ -110,6 +111,32 @@ def check_image_size(config) -> None:
         f'pp.crop={side} does not fit {config.model_name}: sides must be '
         f'multiples of {what}, {multiple[0]}; e.g. --config.pp.crop='
         f'{" or ".join(str(f) for f in fits)}.')
+
+
+def check_patch_sizes(config) -> None:
+  """FlexiViT's patch sizes, trained (`model.patch_sizes`) or evaluated
+  (`evals.NAME.patch_size`): a plain ViT's, each a divisor of `pp.crop`."""
+  model = config.model or {}
+  sizes = [('model.patch_sizes', p) for p in model.get('patch_sizes') or ()]
+  sizes += [(f'evals.{name}.patch_size', e.patch_size)
+            for name, e in config.evals.items() if e.get('patch_size')]
+  if not sizes:
+    return
+  if model.get('patch_sizes') and config.trainer not in ('train',
+                                                         'classification'):
+    raise ValueError("config.model.patch_sizes trains a FlexiViT with "
+                     f"trainer='train', not {config.trainer!r}.")
+  if (models.model_class(config.model_name) is not models.VisionTransformer
+      or model.get('resnet') is not None or model.get('posemb') == 'learn2d'):
+    raise ValueError(f'config.{sizes[0][0]}: only a ViT without a ResNet '
+                     "and with posemb other than 'learn2d' runs at another "
+                     'patch size.')
+  side = config.pp.crop
+  for key, size in sizes:
+    if not isinstance(size, int) or size < 1 or side % size:
+      fits = [p for p in range(1, side + 1) if side % p == 0]
+      raise ValueError(f'config.{key}: patch size {size!r} does not divide '
+                       f'pp.crop={side}; divisors: {fits}.')
 
 
 def _input_files(config):

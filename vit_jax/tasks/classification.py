@@ -1,5 +1,8 @@
 """Supervised classification (`trainer='train'`): images and labels, softmax
-or sigmoid cross-entropy, from scratch or fine-tuned from a checkpoint."""
+or sigmoid cross-entropy, from scratch or fine-tuned from a checkpoint; with
+`model.patch_sizes`, a FlexiViT (each step at a random patch size)."""
+
+import functools
 
 import chex
 import jax
@@ -16,8 +19,18 @@ from vit_jax.tasks import base
 
 
 def make_model(config, num_classes: int):
-  return models.model_class(config.model_name)(
-      num_classes=num_classes, **config.model)
+  """The model of `config.model`; `patch_sizes` is training's, not its."""
+  kwargs = {k: v for k, v in config.model.items() if k != 'patch_sizes'}
+  return models.model_class(config.model_name)(num_classes=num_classes,
+                                               **kwargs)
+
+
+def patch_index(rng, step, count: int):
+  """Which of `count` patch sizes (FlexiViT) optimizer step `step` trains
+  at: uniform, from (rng, step) alone, so that a resumed run draws the
+  same sizes."""
+  key = jax.random.fold_in(jax.random.fold_in(rng, step), count)
+  return jax.random.randint(key, (), 0, count)
 
 
 def train_step(state, batch, *, rng, config):
@@ -31,13 +44,25 @@ def train_step(state, batch, *, rng, config):
   images, labels = mixing.augment(dropout_rng, batch['image'], batch['label'],
                                   config)
 
-  def compute_loss(params):
+  def compute_loss(params, **patch_size):
     logits = state.apply_fn({'params': params}, images, train=True,
-                            rngs={'dropout': dropout_rng})
+                            rngs={'dropout': dropout_rng}, **patch_size)
     return losses.classification(logits, labels, config.loss).mean()
 
-  value, grads = jax.value_and_grad(compute_loss)(state.params)
-  return state.apply_gradients(grads=grads), {'loss': value}
+  sizes = config.model.get('patch_sizes')
+  if not sizes:
+    value, grads = jax.value_and_grad(compute_loss)(state.params)
+    return state.apply_gradients(grads=grads), {'loss': value}
+  # Token counts differ between patch sizes, so each size is its own
+  # program: all are branches of one lax.switch, drawn on the device. One
+  # jitted step on the mesh, compiled once; only the drawn branch runs.
+  # Micro-batches of one optimizer step share its size.
+  index = patch_index(rng, state.step // config.accum_steps, len(sizes))
+  value, grads = jax.lax.switch(index, [
+      jax.value_and_grad(functools.partial(compute_loss, patch_size=p))
+      for p in sizes], state.params)
+  return state.apply_gradients(grads=grads), {
+      'loss': value, 'patch_size': jnp.asarray(sizes)[index]}
 
 
 class Task(base.Task):
@@ -80,7 +105,8 @@ class Task(base.Task):
       return None
     params = checkpoint.load_params(
         path, init_params=params, model_config=self.config.model,
-        new_head=True, new_grid=models.token_grid(self.config))
+        new_head=True, new_grid=(self.config.model.get('posemb_grid') or
+                                 models.token_grid(self.config)))
     print(f'Fine-tuning from {path}.', flush=True)
     return params
 
