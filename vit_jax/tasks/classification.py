@@ -49,7 +49,7 @@ def train_step(state, batch, *, rng, config):
                             rngs={'dropout': dropout_rng}, **patch_size)
     return losses.classification(logits, labels, config.loss).mean()
 
-  sizes = config.model.get('patch_sizes')
+  sizes = (config.get('model') or {}).get('patch_sizes')
   if not sizes:
     value, grads = jax.value_and_grad(compute_loss)(state.params)
     return state.apply_gradients(grads=grads), {'loss': value}
