@@ -122,8 +122,8 @@ def check_patch_sizes(config) -> None:
             for name, e in config.evals.items() if e.get('patch_size')]
   if not sizes:
     return
-  if model.get('patch_sizes') and config.trainer not in ('train',
-                                                         'classification'):
+  if model.get('patch_sizes') and config.trainer in ('lit', 'distill', 'mae',
+                                                     'navit'):
     raise ValueError("config.model.patch_sizes trains a FlexiViT with "
                      f"trainer='train', not {config.trainer!r}.")
   if (models.model_class(config.model_name) is not models.VisionTransformer
