@@ -24,6 +24,11 @@ import numpy as np
 import timm
 import torch
 
+# The SSL golden files' images, outputs and parameter shifts (this folder).
+from make_ssl_golden import _images
+from make_ssl_golden import _outputs
+from make_ssl_golden import _shift
+
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'tests', 'data')
 TESTING = dict(embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.)
@@ -43,25 +48,6 @@ MODELS = {
     'dinov3_token': ('vit_small_patch16_dinov3',
                      dict(num_classes=0, global_pool='token'), 64),
 }
-
-
-def _images(side, seed=0):
-  return np.random.default_rng(seed).uniform(-1, 1, (2, side, side, 3)).astype(
-      np.float32)
-
-
-def _outputs(model, images):
-  """Logits with a head, else timm's pooled features."""
-  with torch.no_grad():
-    x = model.forward_features(torch.from_numpy(images).permute(0, 3, 1, 2))
-    return model.forward_head(x, pre_logits=not model.num_classes).numpy()
-
-
-def _shift(model, scale):
-  """Every parameter moved off its init by N(0, scale)."""
-  with torch.no_grad():
-    for param in model.parameters():
-      param.add_(torch.randn_like(param) * scale)
 
 
 def main():

@@ -9,6 +9,8 @@ import jax
 import numpy as np
 import pytest
 
+import helpers
+
 from vit_jax import checkpoint
 from vit_jax import losses
 from vit_jax import train
@@ -56,15 +58,7 @@ def test_chunked_sigmoid_loss_is_the_papers(devices):
 
 
 def _config(fmnist_dirs, arg='siglip', **changes):
-  config = siglip_fmnist.get_config(arg)
-  with config.unlocked():
-    config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
-    config.pp.crop = 32
-    config.model.image = model_configs.MODEL_CONFIGS['testing'].to_dict()
-    config.model.text = dict(width=16, num_layers=1, mlp_dim=32, num_heads=2,
-                             vocab_size=256)
-    config.model.pp.max_len = 8
-    config.model.out_dim = (None, 10)  # the 'testing' ViT's width
+  config = helpers.tiny_image_text(siglip_fmnist.get_config(arg), fmnist_dirs)
   config.update(dict(total_steps=20, warmup_steps=0, batch=16, batch_eval=8,
                      shuffle_buffer=100, progress_every=10,
                      checkpoint_every=0, optimizer='sgd', weight_decay=0.0),

@@ -19,7 +19,6 @@ from vit_jax.data import captions as caption_data
 from vit_jax.data import pipeline as input_pipeline
 from vit_jax.data import tokenizers
 from vit_jax.evaluators import zeroshot
-from vit_jax.models import presets as model_configs
 from vit_jax.run import loop
 from vit_jax.run import sharding
 from vit_jax.tasks import lit
@@ -36,15 +35,7 @@ def image_npz(tmp_path):
 
 
 def _config(fmnist_dirs, image_npz, loss='softmax'):
-  config = lit_fmnist.get_config(loss)
-  with config.unlocked():
-    config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
-    config.pp.crop = 32
-    config.model.image = model_configs.MODEL_CONFIGS['testing'].to_dict()
-    config.model.text = dict(width=16, num_layers=1, mlp_dim=32, num_heads=2,
-                             vocab_size=256)
-    config.model.pp.max_len = 8
-    config.model.out_dim = (None, 10)  # the 'testing' ViT's width
+  config = helpers.tiny_image_text(lit_fmnist.get_config(loss), fmnist_dirs)
   config.lit.image_init = image_npz
   config.total_steps = 4
   config.warmup_steps = 1
