@@ -49,8 +49,10 @@ def _command(workdir, fmnist_dirs, extra=()):
           '--config.shuffle_buffer=100', *SMALL, *extra]
 
 
-def _start(workdir, fmnist_dirs, num_processes, extra=()):
-  """Starts the run's processes; their output goes to files in `workdir`."""
+def _start(workdir, fmnist_dirs, num_processes, extra=(), command=None):
+  """Starts the run's processes (`command`: `_command`'s signature); their
+  output goes to files in `workdir`."""
+  command = command or _command
   os.makedirs(workdir, exist_ok=True)
   port, procs = _free_port(), []
   for i in range(num_processes):
@@ -62,7 +64,7 @@ def _start(workdir, fmnist_dirs, num_processes, extra=()):
                f'{8 // num_processes} {FAST_COMPILE}')
     out = open(os.path.join(workdir, f'log{i}.txt'), 'a')
     procs.append(subprocess.Popen(
-        _command(workdir, fmnist_dirs, flags), cwd=ROOT, env=env, text=True,
+        command(workdir, fmnist_dirs, flags), cwd=ROOT, env=env, text=True,
         stdout=out, stderr=subprocess.STDOUT))
   return procs
 
@@ -186,3 +188,42 @@ def test_lost_coordinator_stops_the_others(prepared, tmp_path):
   """kill -9 of process 0, which runs JAX's coordination service."""
   log = _kill_one(str(tmp_path), prepared, '[10/', lost=0)
   assert 'coordination service' in log
+
+
+def _siglip_command(vocab):
+  """configs/siglip_fmnist.py, its towers one block deep, SGD."""
+  def command(workdir, fmnist_dirs, extra=()):
+    manual, data = fmnist_dirs
+    return [sys.executable, '-m', 'vit_jax.main',
+            '--config=configs/siglip_fmnist.py:siglip', f'--workdir={workdir}',
+            f'--config.tfds_manual_dir={manual}',
+            f'--config.tfds_data_dir={data}', f'--config.lit.vocab_path={vocab}',
+            '--config.batch=32', '--config.batch_eval=16',
+            '--config.total_steps=6', '--config.warmup_steps=0',
+            '--config.checkpoint_every=0', '--config.progress_every=3',
+            '--config.evals.zeroshot.every=0', '--config.shuffle_buffer=100',
+            '--config.optimizer=sgd', '--config.weight_decay=0',
+            '--config.model.image.transformer.num_layers=1',
+            '--config.model.text.num_layers=1', *extra]
+  return command
+
+
+def test_siglip_ring_across_processes(prepared, tmp_path):
+  """The chunked sigmoid loss passes captions around the ring of all 8
+  devices, across the 2 processes: the same parameters as 1 process."""
+  from vit_jax.configs import siglip_fmnist  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
+  vocab = str(tmp_path / 'vocab.model')
+  tokenizers.train_sentencepiece(
+      captions.all_captions(siglip_fmnist.get_config()), vocab, 256)
+  for n in (1, 2):
+    workdir = str(tmp_path / str(n))
+    codes = _wait(_start(workdir, prepared, n, command=_siglip_command(vocab)))
+    assert codes == [0] * n, _log(workdir)
+  name = 'LiT-fmnist-siglip-scratch.npz'
+  one, two = (np.load(tmp_path / str(n) / name) for n in (1, 2))
+  assert sorted(one.files) == sorted(two.files)
+  for key in one.files:
+    np.testing.assert_allclose(two[key], one[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)
