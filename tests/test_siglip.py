@@ -15,6 +15,8 @@ from vit_jax import checkpoint
 from vit_jax import losses
 from vit_jax import train
 from vit_jax.configs import siglip_fmnist
+from vit_jax.data import captions
+from vit_jax.data import tokenizers
 from vit_jax.models import lit as models_lit
 from vit_jax.models import presets as model_configs
 
@@ -110,3 +112,22 @@ def test_big_vision_two_towers_give_big_vision_embeddings():
   np.testing.assert_allclose(ztxt, golden['ztxt'], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(out['t'], golden['t'], rtol=1e-6)
   np.testing.assert_allclose(out['b'], golden['b'], rtol=1e-6)
+
+
+def test_zeroshot_with_big_vision_checkpoint(fmnist_dirs, tmp_path):
+  """trainer='zeroshot' on big_vision's SigLIP .npz with a SentencePiece
+  vocabulary file: the zero-shot evaluator over every test image."""
+  data = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data')
+  vocab = str(tmp_path / 'vocab.model')
+  tokenizers.train_sentencepiece(
+      captions.all_captions(siglip_fmnist.get_config()), vocab, 64)
+  config = _config(fmnist_dirs, trainer='zeroshot')
+  with config.unlocked():
+    config.model.image = model_configs.MODEL_CONFIGS['SigLIP-testing'].to_dict()
+    config.model.text = dict(width=32, num_layers=2, mlp_dim=64, num_heads=2,
+                             vocab_size=64)
+    config.model.out_dim = (None, 32)
+  config.lit.vocab_path = vocab
+  config.pretrained_path = os.path.join(data, 'big_vision_siglip.npz')
+  result = train.evaluate(config, str(tmp_path / 'wd'))
+  assert result['count'] == 37 and 0 <= result['zeroshot_accuracy'] <= 1
