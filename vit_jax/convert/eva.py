@@ -33,7 +33,6 @@ _DEFAULTS = dict(
     layer_norm_eps=1e-6)
 # Settings vit_jax computes only at timm's default, and why not else.
 _FIXED = {
-    'qkv_fused': (None, ''),  # either: the same products
     'num_kv_heads': (None, 'grouped-query attention'),
     'qk_norm': (False, 'it normalizes queries and keys'),
     'scale_attn_inner': (False, 'it normalizes inside the attention'),
@@ -55,7 +54,8 @@ _FIXED = {
 _INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
           'patch_drop_rate', 'proj_drop_rate', 'attn_drop_rate',
           'drop_path_rate', 'head_init_scale', 'rope_shift_coords',
-          'rope_jitter_coords', 'rope_rescale_coords'}
+          'rope_jitter_coords', 'rope_rescale_coords',
+          'qkv_fused'}  # fused or apart: the same products
 
 
 def is_eva(architecture: str) -> bool:
@@ -102,7 +102,7 @@ def eva_settings(config: Dict[str, Any]) -> Dict[str, Any]:
 def _check_known(settings) -> None:
   for key, value in settings.items():
     if key in _FIXED:
-      if key != 'qkv_fused' and value != _FIXED[key][0]:
+      if value != _FIXED[key][0]:
         raise _unsupported(key, value, _FIXED[key][1])
     elif key not in _DEFAULTS and key not in _INERT:
       raise _unsupported(key, value, 'vit_jax.convert does not know what it '
