@@ -1,4 +1,4 @@
-"""The training losses: classification's, and image-text's.
+"""The training losses: classification's, image-text's and DINO's.
 
 Classification: per-example softmax or sigmoid cross-entropy of logits
 against (soft) label vectors.
@@ -13,6 +13,13 @@ sigmoid (SigLIP, Zhai et al., ICCV 2023): every pair is a binary problem,
   label +1 on the diagonal and -1 off it: logits = t zimg ztxt^T + b,
   loss = -sum_ij log sigmoid(label_ij logits_ij) / batch; chunked over the
   devices by `sigmoid_loss_chunked`.
+
+Self-distillation (DINO, Caron et al., 2021; iBOT; DINOv2), on scores over
+K prototypes: the teacher's scores become targets, sharpened by a low
+temperature and centred (`centered_softmax`, or DINOv2's `sinkhorn_knopp`);
+the student's scores at temperature 0.1 are fitted by cross-entropy
+between different views (`dino_loss`) or at masked patches (`ibot_loss`);
+`koleo_loss` spreads features apart.
 """
 
 import jax
@@ -90,3 +97,60 @@ def retrieval_accuracy(zimg, ztxt):
   """Fraction of images whose own caption is the nearest one in the batch."""
   return jnp.mean(jnp.argmax(zimg @ ztxt.T, axis=1) ==
                   jnp.arange(zimg.shape[0]))
+
+
+# Self-distillation.
+
+
+def centered_softmax(teacher, center, temperature):
+  """DINO's targets: softmax((teacher - center) / temperature)."""
+  return jax.nn.softmax((teacher - center) / temperature, axis=-1)
+
+
+def sinkhorn_knopp(teacher, temperature, iterations: int = 3, valid=None):
+  """DINOv2's targets: exp(teacher / temperature) (n, K) scaled, in turn,
+  so that each prototype holds 1/K of the mass and each row 1/n
+  (`iterations` times), then rows times n (each sums to 1). `valid` (n,)
+  leaves padding rows out (zero targets). Sums run over the whole global
+  batch, as DINOv2's all-reduce."""
+  valid = jnp.ones(teacher.shape[:1]) if valid is None else valid
+  valid = valid.astype(jnp.float32)[:, None]
+  # The maximum cancels in the first normalization; it keeps exp finite.
+  q = jnp.exp((teacher - jnp.max(teacher)) / temperature) * valid
+  n, k = jnp.sum(valid), teacher.shape[-1]
+  q = q / jnp.sum(q)
+  for _ in range(iterations):
+    q = q / jnp.sum(q, axis=0, keepdims=True) / k
+    q = q / (jnp.sum(q, axis=1, keepdims=True) + (1 - valid)) / n
+  return q * n
+
+
+def dino_loss(student, teacher, temperature):
+  """DINO's loss: the mean over pairs of views (teacher view t, student view
+  v != t) of the batch mean of -sum_k p_t log softmax(s_v / temperature).
+
+  `student` (V, B, K): scores of V views, the teacher's T views first, in
+  the same order; `teacher` (T, B, K): target distributions.
+  """
+  log_p = jax.nn.log_softmax(student / temperature, axis=-1)
+  ce = -jnp.einsum('tbk,vbk->tv', teacher, log_p) / student.shape[1]
+  t, v = ce.shape
+  pairs = 1. - jnp.eye(t, v)
+  return jnp.sum(ce * pairs) / jnp.sum(pairs)
+
+
+def ibot_loss(student, teacher, weight, temperature):
+  """iBOT's loss at masked patches: -sum weight * sum_k p log softmax(s / T),
+  over the batch's images (masked or not). `student`, `teacher` (B, m, K);
+  `weight` (B, m): 1 / (patches masked in the image), 0 on padding."""
+  log_p = jax.nn.log_softmax(student / temperature, axis=-1)
+  return -jnp.sum(weight * jnp.sum(teacher * log_p, -1)) / student.shape[0]
+
+
+def koleo_loss(x, eps: float = 1e-8):
+  """KoLeo (Sablayrolles et al., 2019; DINOv2): -mean_i log(distance from
+  L2-normalized x_i to its nearest neighbour x_j, j != i)."""
+  x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  dots = x @ x.T - 3. * jnp.eye(x.shape[0])  # never one's own neighbour
+  nearest = x[jnp.argmax(dots, axis=-1)]
+  return -jnp.mean(jnp.log(jnp.linalg.norm(x - nearest + eps, axis=-1) + eps))

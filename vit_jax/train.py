@@ -2,7 +2,7 @@
 
 `config.trainer` picks the task ('train': supervised classification,
 'distill': classification with a frozen teacher, 'lit', 'mae': masked
-autoencoder pretraining, 'navit': NaViT on packed mixed-resolution
+autoencoder pretraining, 'dino': self-distillation without labels, 'navit': NaViT on packed mixed-resolution
 sequences, or its plain ViT baseline)
 or evaluates a checkpoint without training ('evaluate'; 'fewshot' and
 'zeroshot' run only that type of evaluator).
@@ -20,6 +20,7 @@ from vit_jax.run import loop
 from vit_jax.run import run_record
 from vit_jax.run import sharding
 from vit_jax.tasks import classification
+from vit_jax.tasks import dino
 from vit_jax.tasks import distillation
 from vit_jax.tasks import lit
 from vit_jax.tasks import mae
@@ -27,6 +28,7 @@ from vit_jax.tasks import navit
 
 TASKS = {'train': classification.Task, 'classification': classification.Task,
          'lit': lit.Task, 'distill': distillation.Task, 'mae': mae.Task,
+         'dino': dino.Task,
          'navit': navit.make_task}
 # Evaluating a checkpoint: the evaluator types run (None: those of training).
 EVALUATIONS = {'evaluate': None, 'fewshot': ('fewshot',),

@@ -162,13 +162,13 @@ def preprocess_train(image, seed, pp):
   if randaug is not None:
     image = _to_float(augment.randaugment(image, num_layers, magnitude,
                                           fold(2)))
-  image = _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
+  image = normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
   if pp.get('erasing'):  # after normalization, as timm (DeiT)
     image = augment.random_erasing(image, pp.erasing, fold(3))
   return image
 
 
-def _normalize(image, pp):
+def normalize(image, pp):
   """[-1, 1] (the original's, mean = std = 0.5), or `pp.mean`/`pp.std` of
   pixels in [0, 1] (timm's weights: ImageNet's)."""
   if pp.get('mean') is None and pp.get('std') is None:
@@ -196,7 +196,7 @@ def _short_side_then_crop(image, pp):
 def preprocess_eval(image, pp):
   """Resize to pp.crop; or to pp.resize then a central pp.crop; or, with
   pp.crop_pct, the short side to pp.crop / pp.crop_pct then a central crop
-  (timm's meaning). Then normalized (`_normalize`)."""
+  (timm's meaning). Then normalized (`normalize`)."""
   image = _to_float(image)
   if pp.get('crop_pct'):
     image = _short_side_then_crop(image, pp)
@@ -206,7 +206,7 @@ def preprocess_eval(image, pp):
     image = image[off:off + pp.crop, off:off + pp.crop]
   else:
     image = tf.image.resize(image, [pp.crop, pp.crop])
-  return _normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
+  return normalize(tf.clip_by_value(image, -1.0, 1.0), pp)
 
 
 def decode(features, channels, label=''):

@@ -90,21 +90,8 @@ def mae_loss(pred, target, mask, norm_pix: bool):
 
 
 def encoder_config(model_config) -> dict:
-  """The ViT config of an MAE encoder; refuses what MAE cannot export.
-
-  The published layout of a pretrained encoder has a class token and no
-  `pre_logits` layer: classifier 'token', representation_size None.
-  """
-  config = dict(model_config)
-  if config.get('classifier', 'token') != 'token':
-    raise ValueError("An MAE encoder is exported with its class token: "
-                     "set config.model.classifier='token', got "
-                     f"{config['classifier']!r}.")
-  if config.get('representation_size') is not None or config.get('resnet'):
-    raise ValueError('An MAE encoder is a plain ViT: set '
-                     'config.model.representation_size and resnet to None.')
-  config.pop('num_classes', None)
-  return config
+  """The ViT config of an MAE encoder (`vit.pretrained_encoder_config`)."""
+  return models_vit.pretrained_encoder_config(model_config, 'MAE')
 
 
 class MaskedAutoencoder(nn.Module):

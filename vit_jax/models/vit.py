@@ -78,6 +78,22 @@ def has_class_token(classifier_or_config) -> bool:
   return num_prefix_tokens(classifier) > 0
 
 
+def pretrained_encoder_config(model_config, method: str) -> dict:
+  """The ViT config of an encoder that `method` (MAE, DINO) pretrains;
+  refuses what cannot be exported in the published layout of a pretrained
+  encoder: a class token and no `pre_logits` layer."""
+  config = dict(model_config)
+  if config.get('classifier', 'token') != 'token':
+    raise ValueError(f'A {method} encoder is exported with its class token: '
+                     "set config.model.classifier='token', got "
+                     f"{config['classifier']!r}.")
+  if config.get('representation_size') is not None or config.get('resnet'):
+    raise ValueError(f'A {method} encoder is a plain ViT: set '
+                     'config.model.representation_size and resnet to None.')
+  config.pop('num_classes', None)
+  return config
+
+
 class VisionTransformer(nn.Module):
   """Vision Transformer, optionally on top of a ResNet (the hybrids).
 
@@ -132,14 +148,17 @@ class VisionTransformer(nn.Module):
   model_name: Optional[str] = None
 
   @nn.compact
-  def __call__(self, inputs, *, train, keep=None, patch_size=None):
+  def __call__(self, inputs, *, train, keep=None, patch_size=None,
+               mask=None):
     """Logits (or features) of NHWC `inputs`; `keep` (batch, k) ints picks
     the patches (row-major) that the encoder sees, as `Encoder`'s;
-    `patch_size` (int or pair) runs at that patch size (`flexi`)."""
+    `patch_size` (int or pair) runs at that patch size (`flexi`); `mask`
+    (batch, patches) bools replaces those patches' embeddings by a learned
+    `mask_token` before the position embedding (iBOT, DINOv2)."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'Unknown classifier {self.classifier!r}; '
                        f'expected one of {CLASSIFIERS}.')
-    x, grid = self._embed(inputs, patch_size)
+    x, grid = self._embed(inputs, patch_size, mask)
     x = Encoder(name='Transformer', posemb=self.posemb,
                 posemb_prefix=self.posemb_prefix, final_norm=not self.fc_norm,
                 posemb_grid=flexi.table_grid(self.posemb_grid, grid,
@@ -148,7 +167,7 @@ class VisionTransformer(nn.Module):
                     x, train=train, grid=grid, keep=keep)
     return self._head(x, train)
 
-  def _embed(self, inputs, new_patch=None):
+  def _embed(self, inputs, new_patch=None, mask=None):
     """(prefix tokens then patch tokens, the (h, w) grid of the patches)."""
     stored = patch_size(self.patches)
     ph, pw = stored if new_patch is None else flexi.pair(new_patch)
@@ -172,6 +191,12 @@ class VisionTransformer(nn.Module):
                   dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
+    if mask is not None:  # zeros at init, as DINOv2's
+      if mask.shape != x.shape[:2]:
+        raise ValueError(f'mask must be (batch, patches) = {x.shape[:2]}, '
+                         f'got {mask.shape}.')
+      token = self.param('mask_token', nn.initializers.zeros, (1, 1, c))
+      x = jnp.where(mask[..., None], token.astype(dtype), x)
     prefix = []
     if has_class_token(self.classifier):
       prefix.append(self.param('cls', nn.initializers.zeros, (1, 1, c)))

@@ -20,8 +20,8 @@ from vit_jax.run import storage
 
 # `config.trainer`: the tasks of `train.TASKS`, the evaluations of
 # `train.EVALUATIONS`, and `inference_time`.
-TRAINERS = ('train', 'classification', 'lit', 'distill', 'mae', 'navit',
-            'evaluate', 'fewshot', 'zeroshot', 'inference_time')
+TRAINERS = ('train', 'classification', 'lit', 'distill', 'mae', 'dino',
+            'navit', 'evaluate', 'fewshot', 'zeroshot', 'inference_time')
 # The trainers whose step needs no data, only its shapes (`vit_jax.plan`).
 PLANNED = ('train', 'classification', 'mae')
 
@@ -123,7 +123,7 @@ def check_patch_sizes(config) -> None:
   if not sizes:
     return
   if model.get('patch_sizes') and config.trainer in ('lit', 'distill', 'mae',
-                                                     'navit'):
+                                                     'dino', 'navit'):
     raise ValueError("config.model.patch_sizes trains a FlexiViT with "
                      f"trainer='train', not {config.trainer!r}.")
   if (models.model_class(config.model_name) is not models.VisionTransformer
