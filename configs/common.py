@@ -120,6 +120,20 @@ def fewshot_evaluator(every=None) -> ml_collections.ConfigDict:
       l2_reg=2.0**10))  # fixed, as big_vision's and the paper's
 
 
+def knn_evaluator(every=None) -> ml_collections.ConfigDict:
+  """DINO's weighted k-NN classification of the pre-logits (Caron et al.,
+  2021): `config.evals.knn = knn_evaluator()`."""
+  return ml_collections.ConfigDict(dict(
+      type='knn',
+      every=ml_collections.config_dict.placeholder(int) if every is None
+      else every,
+      dataset='',  # a tfds name; '' is config.dataset
+      train='train',  # split of the memory bank
+      test='test',
+      k=20,
+      temperature=0.07))  # DINO's defaults
+
+
 # The paper's fine-tuning setups (Appendix B.1.1): steps per dataset at 384 px.
 DATASET_PRESETS = {
     'cifar10': dict(total_steps=10_000, pp=dict(train='train[:98%]',

@@ -12,7 +12,7 @@ from vit_jax.tasks import classification
 
 @pytest.mark.parametrize('key,value,match', [
     ('type', 'regression', "config.evals.test.type='regression'; expected "
-     "one of \\('classification', 'fewshot', 'zeroshot'\\)"),
+     "one of \\('classification', 'fewshot', 'knn', 'zeroshot'\\)"),
     ('every', -1, r'config.evals.test.every=-1: expected a number of steps'),
 ])
 def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):
@@ -45,7 +45,7 @@ def test_head_that_does_not_fit_the_test_data(tiny_config, tmp_path,
   tiny_config.evals.fewshot.update(dict(shots=(1, 2), seeds=1))
   metrics = train.evaluate(tiny_config, str(tmp_path / 'eval'))
   assert ('config.evals.test: the test data has 10 classes; the model has a '
-          'head of 5. The few-shot evaluators run instead.'
+          'head of 5. The few-shot and k-NN evaluators run instead.'
           in capsys.readouterr().err)
   assert 'fewshot_2shot' in metrics and 'accuracy' not in metrics
 

@@ -11,6 +11,7 @@ only when a checkpoint is evaluated by type (`trainer='fewshot'`,
 
 from clu import metrics as clu_metrics
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 
 from vit_jax.data import pipeline as input_pipeline
@@ -60,6 +61,29 @@ def batches(info, data, mesh):
   host = input_pipeline.eval_batches(
       info, data, batch_size=input_pipeline.host_batch_size(data.batch_eval))
   return sharding.global_batches(host, mesh, data.batch_eval)
+
+
+def pre_logits_fn(model):
+  """A jitted (params, images) -> `model`'s pre-logits (its output without
+  the head); a head in `params` is ignored."""
+  headless = model.clone(num_classes=0)
+  apply = jax.jit(lambda p, x: headless.apply({'params': p}, x, train=False))
+  return lambda params, images: apply(
+      {k: v for k, v in params.items() if k != 'head'}, images)
+
+
+def features(apply_fn, params, info, data, mesh):
+  """(`apply_fn(params, images)`, argmax labels) of every example of the
+  split, as numpy arrays on every process."""
+  feats, labels = [], []
+  for batch in batches(info, data, mesh):
+    out, mask, label = multihost_utils.process_allgather(
+        (apply_fn(params, batch['image']), batch['mask'], batch['label']),
+        tiled=True)
+    keep = np.asarray(mask) > 0
+    feats.append(np.asarray(out, np.float32)[keep])
+    labels.append(np.argmax(label, -1)[keep])
+  return np.concatenate(feats), np.concatenate(labels)
 
 
 def masked_means(step, params, info, data, mesh, *args):

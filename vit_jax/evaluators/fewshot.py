@@ -10,8 +10,6 @@ output. The regularization is fixed (big_vision's 2^10), as the paper did,
 not tuned per task.
 """
 
-import jax
-from jax.experimental import multihost_utils
 import numpy as np
 
 from vit_jax.data import pipeline as input_pipeline
@@ -107,23 +105,13 @@ class Evaluator(common.Evaluator):
     self.num_classes = self.splits[self.train][0].num_classes
     check_shots(*self.splits[self.train], max(shots), f'{self.dataset}:'
                 f'{self.train} (config.evals.{name}.train)')
-    headless = model.clone(num_classes=0)  # outputs the pre-logits
     self.mesh = mesh
-    self._apply = jax.jit(lambda p, x: headless.apply({'params': p}, x,
-                                                      train=False))
+    self._apply = common.pre_logits_fn(model)
 
   def features(self, params, split):
     """(pre-logits, labels) of every example of `split`, on every process."""
-    params = {k: v for k, v in params.items() if k != 'head'}
-    feats, labels = [], []
-    for batch in common.batches(*self.splits[split], self.mesh):
-      out, mask, label = multihost_utils.process_allgather(
-          (self._apply(params, batch['image']), batch['mask'],
-           batch['label']), tiled=True)
-      keep = np.asarray(mask) > 0
-      feats.append(np.asarray(out, np.float32)[keep])
-      labels.append(np.argmax(label, -1)[keep])
-    return np.concatenate(feats), np.concatenate(labels)
+    return common.features(self._apply, params, *self.splits[split],
+                           self.mesh)
 
   def __call__(self, params):
     """Mean accuracy per shot count, and the per-seed lists."""

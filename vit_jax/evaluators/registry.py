@@ -2,10 +2,12 @@
 
 from vit_jax.evaluators import classification
 from vit_jax.evaluators import fewshot
+from vit_jax.evaluators import knn
 from vit_jax.evaluators import zeroshot
 
 EVALUATORS = {'classification': classification.Evaluator,
               'fewshot': fewshot.Evaluator,
+              'knn': knn.Evaluator,
               'zeroshot': zeroshot.Evaluator}
 
 
@@ -14,7 +16,7 @@ def from_config(config, *, model, mesh, tokenizer=None, types=None):
   sees the `model`, the `mesh` and (zero-shot) the task's `tokenizer`.
 
   Those with an `every` (those training runs), or all those of `types`
-  (e.g. ('fewshot',)).
+  (e.g. ('fewshot', 'knn')).
   """
   out = []
   for name, settings in config.evals.items():

@@ -412,9 +412,9 @@ def evaluate(task, config, workdir, types=None):
       raise
     # A checkpoint without a head for this data (a pre-trained encoder):
     # its features are what can be evaluated.
-    print(f'Note: {source}: {e} The few-shot evaluators run instead.',
-          file=sys.stderr, flush=True)
-    evaluators = _evaluators(task, config, model, ('fewshot',))
+    print(f'Note: {source}: {e} The few-shot and k-NN evaluators run '
+          'instead.', file=sys.stderr, flush=True)
+    evaluators = _evaluators(task, config, model, ('fewshot', 'knn'))
   if types is None:  # the evaluators training runs, the task's own too
     evaluators += list(task.evaluators)
   params = jax.device_put(params, sharding.tree_shardings(
