@@ -69,6 +69,19 @@ def test_distance_rejects_mismatched_grid():
 # Recorded weights.
 
 
+def _numpy_attention(y, mha):
+  """(softmax(q k^T / sqrt(d)) per head, the attention's output) of the
+  LayerNorm'd tokens `y`, from the parameters."""
+  q, k, v = (np.einsum('btd,dhk->bhtk', y, mha[n]['kernel']) +
+             mha[n]['bias'][None, :, None] for n in ('query', 'key', 'value'))
+  logits = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  heads = weights @ v  # (batch, heads, tokens, depth)
+  out = np.einsum('bhtk,hkd->btd', heads, mha['out']['kernel'])
+  return weights, out + mha['out']['bias']
+
+
 @pytest.mark.parametrize('scan', [False, True])
 def test_recorded_weights_match_numpy_attention(scan):
   model, params, images = _testing_model()
@@ -84,15 +97,8 @@ def test_recorded_weights_match_numpy_attention(scan):
   cls = np.broadcast_to(params['cls'], (2, 1, 10))
   x = np.concatenate([cls, x], 1) + params['Transformer']['posembed_input'][
       'pos_embedding']
-  y = helpers.layernorm(x, block['LayerNorm_0'])
-  mha = block['MultiHeadDotProductAttention_0']
-  q = np.einsum('btd,dhk->bhtk', y, mha['query']['kernel']) + mha['query'][
-      'bias'][None, :, None]
-  k = np.einsum('btd,dhk->bhtk', y, mha['key']['kernel']) + mha['key'][
-      'bias'][None, :, None]
-  logits = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
-  expected = np.exp(logits - logits.max(-1, keepdims=True))
-  expected /= expected.sum(-1, keepdims=True)
+  expected, _ = _numpy_attention(helpers.layernorm(x, block['LayerNorm_0']),
+                                 block['MultiHeadDotProductAttention_0'])
   assert weights.shape == (1, 2, 2, 5, 5)
   np.testing.assert_allclose(weights[0], expected, rtol=1e-4, atol=1e-6)
 
@@ -154,6 +160,121 @@ def test_rollout_maps_upsample_to_the_image():
   weights[..., 4] = 1.  # every token reads the last patch
   maps = attention.rollout_maps(weights, (2, 2), (2, 2))
   np.testing.assert_allclose(maps[0], [[0, 0], [0, 1]], atol=1e-6)
+
+
+# The class token's last-layer attention (DINO, Caron et al., 2021).
+
+
+def _numpy_last_layer_attention(images, p, patch):
+  """The last block's attention, from the parameters: tokens [class,
+  distillation, registers, patches] plus the position table, through the
+  blocks before it (x + MSA(LN(x)), then x + MLP(LN(x)))."""
+  x = helpers.patch_embed(images, p['embedding'], patch)
+  n, _, d = x.shape
+  prefix = [np.broadcast_to(p[name], (n, p[name].shape[1], d))
+            for name in ('cls', 'dist', 'reg') if name in p]
+  t = p['Transformer']
+  x = np.concatenate(prefix + [x], 1) + t['posembed_input']['pos_embedding']
+  blocks = []
+  while f'encoderblock_{len(blocks)}' in t:
+    blocks.append(t[f'encoderblock_{len(blocks)}'])
+  for b in blocks[:-1]:
+    x = x + _numpy_attention(helpers.layernorm(x, b['LayerNorm_0']),
+                             b['MultiHeadDotProductAttention_0'])[1]
+    x = x + helpers.mlp(helpers.layernorm(x, b['LayerNorm_1']),
+                        b['MlpBlock_0'])
+  return _numpy_attention(helpers.layernorm(x, blocks[-1]['LayerNorm_0']),
+                          blocks[-1]['MultiHeadDotProductAttention_0'])[0]
+
+
+def _dino_threshold(attentions, threshold):
+  """DINO's `visualize_attention.py`, in numpy: (heads, patches) to the
+  patches that hold `threshold` of each head's mass."""
+  idx = np.argsort(attentions, axis=1)
+  val = np.take_along_axis(attentions, idx, axis=1)
+  val = val / np.sum(val, axis=1, keepdims=True)
+  th_attn = np.cumsum(val, axis=1) > (1 - threshold)
+  idx2 = np.argsort(idx, axis=1)
+  return np.stack([th_attn[h][idx2[h]] for h in range(len(attentions))])
+
+
+@pytest.mark.parametrize('classifier,registers,prefix', [
+    ('token', 0, 1), ('token', 2, 3), ('distilled', 1, 3)])
+def test_class_token_maps_match_numpy(classifier, registers, prefix):
+  # Two layers, so that the last is not the first; a 2x3 grid, so that
+  # rows and columns cannot be swapped unseen.
+  model = models.get_model(
+      'testing', num_classes=3, classifier=classifier,
+      num_registers=registers, transformer=dict(
+          models.MODEL_CONFIGS['testing'].transformer, num_layers=2))
+  images = np.random.default_rng(2).normal(0, .5, (2, 32, 48, 3))
+  params = helpers.random_params(model, images[:1], train=False)
+  weights = attention.attention_weights(model, params, images)
+  config = {'classifier': classifier, 'num_registers': registers}
+  maps = attention.class_token_maps(weights, (2, 3), (32, 48), config)
+
+  last = _numpy_last_layer_attention(images.astype(np.float64), params, 16)
+  row = last[:, :, 0, prefix:]  # the class token's, over the patches
+  assert row.shape == (2, 2, 6)
+  expected = np.repeat(np.repeat(row.reshape(2, 2, 2, 3), 16, 2), 16, 3)
+  assert maps.shape == (2, 2, 32, 48)
+  np.testing.assert_allclose(maps, expected, rtol=1e-4, atol=1e-6)
+
+  masks = attention.class_token_masks(weights, (2, 3), (32, 48), config,
+                                      threshold=.6)
+  kept = np.stack([_dino_threshold(r, .6) for r in row])
+  np.testing.assert_array_equal(
+      masks, np.repeat(np.repeat(kept.reshape(2, 2, 2, 3), 16, 2), 16, 3))
+
+
+@pytest.mark.parametrize('config,prefix', [
+    ({'classifier': 'token'}, 1),
+    ({'classifier': 'token', 'num_registers': 2}, 3),
+    ({'classifier': 'distilled'}, 2),
+    ({'classifier': 'token_gap', 'num_registers': 1}, 2)])
+def test_class_token_attention_skips_the_prefix(config, prefix):
+  # The class token's row puts its largest weights on the prefix tokens:
+  # none of them may reach the 1x2 grid.
+  row = np.zeros(prefix + 2)
+  row[:prefix] = .4 / prefix
+  row[prefix:] = [.25, .35]
+  weights = np.zeros((2, 1, 1, prefix + 2, prefix + 2))
+  weights[-1, 0, 0, 0] = row
+  weights[0, 0, 0, 0, -1] = 1.  # the first layer's must not be used
+  np.testing.assert_allclose(
+      attention.class_token_attention(weights, config), [[[.25, .35]]])
+  maps = attention.class_token_maps(weights, (1, 2), (2, 4), config)
+  np.testing.assert_allclose(maps[0, 0], [[.25] * 2 + [.35] * 2] * 2)
+
+
+@pytest.mark.parametrize('classifier', ['gap', 'map', 'unpooled'])
+def test_no_class_token_is_refused(classifier):
+  weights = np.full((1, 1, 1, 6, 6), 1 / 6)
+  for registers in (0, 2):  # registers alone are no class token
+    with pytest.raises(ValueError, match=f"'{classifier}' classifier has no "
+                       'class token'):
+      attention.class_token_maps(weights, (2, 2), (4, 4), {
+          'classifier': classifier, 'num_registers': registers})
+
+
+def test_mass_mask_by_hand_and_as_dino():
+  # Ascending 0.1, 0.15, 0.25, 0.5; cumulative 0.1, 0.25, 0.5, 1 > 0.4:
+  # 0.25 and 0.5 (together 0.75) are kept.
+  np.testing.assert_array_equal(
+      attention.mass_mask([.1, .5, .15, .25], .6), [False, True, False, True])
+  np.testing.assert_array_equal(  # unnormalized: the same
+      attention.mass_mask([[2., 10, 3, 5]], .6), [[False, True, False, True]])
+  attentions = np.random.default_rng(3).dirichlet(np.ones(20), size=(3, 4))
+  for threshold in (.3, .6, .9):
+    expected = np.stack([_dino_threshold(a, threshold) for a in attentions])
+    np.testing.assert_array_equal(attention.mass_mask(attentions, threshold),
+                                  expected)
+
+
+def test_upsample_nearest_as_repeat():
+  maps = np.arange(12.).reshape(2, 2, 3)
+  np.testing.assert_array_equal(attention.upsample_nearest(maps, (4, 9)),
+                                maps.repeat(2, 1).repeat(3, 2))
 
 
 # Embeddings.
@@ -219,6 +340,54 @@ def test_analyze_and_write(tmp_path):
     summary = json.load(f)
   assert np.array(summary['mean_attention_distance']).shape == (1, 2)
   assert results['filters'].shape == (10, 16, 16, 3)
+
+
+def test_analyze_skips_class_token_attention_without_a_class_token(tmp_path):
+  model, params, images = _testing_model(classifier='gap')
+  results = paper_figures.analyze(model, params, images)
+  assert "'gap' classifier has no class token" in results['skipped'][
+      'class_token_attention']
+  paths = paper_figures.write(results, str(tmp_path))
+  assert 'class_token_attention.png' not in os.listdir(tmp_path)
+  assert len(paths) == len(paper_figures.FIGURES) - 1
+  with open(tmp_path / 'analysis.json') as f:
+    assert 'class_token_attention' in json.load(f)['skipped']
+
+
+def test_analyze_a_registers_model_without_prefix_positions(tmp_path):
+  # DINOv2 with 4 registers: 5 prefix tokens, none in the position table.
+  model = models.get_model('DINOv2-testing-reg4', num_classes=3)
+  images = np.random.default_rng(1).normal(0, .5, (2, 28, 28, 3))
+  params = helpers.random_params(model, images[:1], train=False)
+  results = paper_figures.analyze(model, params, images)
+  weights = attention.attention_weights(model, params, images)
+  assert weights.shape[-1] == 5 + 4
+  np.testing.assert_array_equal(
+      results['class_token_maps'],
+      weights[-1, :, :, 0, 5:].reshape(2, -1, 2, 2).repeat(14, 2).repeat(
+          14, 3))
+  table = params['Transformer']['posembed_input']['pos_embedding'][0]
+  assert table.shape[0] == 4  # the patches' alone
+  np.testing.assert_allclose(results['position_similarity'],
+                             embeddings.position_similarity(table, (2, 2)))
+  paper_figures.write(results, str(tmp_path))
+  assert os.path.exists(tmp_path / 'class_token_attention.png')
+
+
+def test_class_token_figure_has_a_row_per_image():
+  images = np.ones((2, 4, 4, 3))
+  maps = np.random.default_rng(0).uniform(size=(2, 3, 4, 4))
+  fig = figures.class_token_attention(images, maps)
+  axes = np.array(fig.axes).reshape(2, 4)  # the input, then 3 heads
+  assert [ax.get_title(loc='left') for ax in axes[0]] == [
+      'input', 'head 1', 'head 2', 'head 3']
+  for k in range(2):
+    np.testing.assert_array_equal(axes[k, 0].get_images()[0].get_array(),
+                                  images[k])
+    for h in range(3):  # each head scaled to its own maximum
+      shown = axes[k, h + 1].get_images()[0].get_array()
+      np.testing.assert_allclose(shown, maps[k, h] / maps[k, h].max())
+  plt.close(fig)
 
 
 def test_distance_plot_shows_every_dot_whole():
@@ -290,12 +459,32 @@ def test_command_line(tmp_path):
     summary = json.load(f)
   assert summary['patch_pixels'] == [16, 16]
   assert summary['grid'] == [2, 2]  # the image side from the position table
-  assert len(summary['figures']) == 4
+  assert len(summary['figures']) == 5
+  assert 'class_token_attention.png' in summary['figures']
+  assert os.path.exists(tmp_path / 'class_token_attention.png')
+  assert 'skipped' not in summary
   bad = subprocess.run(
       [sys.executable, '-m', 'vit_jax.analysis', '--model_name=nope',
        f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}'],
       capture_output=True, text=True, env=env)
   assert bad.returncode != 0 and "Unknown model preset 'nope'" in bad.stderr
+
+
+def test_command_line_skips_class_token_attention_with_a_note(tmp_path):
+  model = models.get_model('testing-unpooled', num_classes=3)
+  params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
+                                 train=False)
+  checkpoint.save(params, tmp_path / 'unpooled.npz')
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.analysis',
+       '--model_name=testing-unpooled',
+       f'--checkpoint={tmp_path / "unpooled.npz"}', f'--out={tmp_path}',
+       '--num_images=2'], capture_output=True, text=True, env=env, check=True)
+  assert ("No class_token_attention.png: The 'unpooled' classifier has no "
+          'class token') in out.stdout
+  assert os.path.exists(tmp_path / 'rollout.png')
+  assert not os.path.exists(tmp_path / 'class_token_attention.png')
 
 
 def test_command_line_prepares_images_as_predict(tmp_path):

@@ -74,11 +74,11 @@ def test_attention_notebook(tmp_path, monkeypatch):
   text, images = _run_smoke('attention.ipynb', tmp_path, monkeypatch)
   assert '4 images of 32x32 px' in text
   assert 'layer 1: ' in text and 'layer 0: ' not in text  # as in the figure
-  assert images >= 4  # the four panels, inline
+  assert images >= 5  # the five panels, inline
   figures = tmp_path / 'tmp' / 'vit_jax_attention' / 'figures'
   assert sorted(os.listdir(figures)) == [
-      'analysis.json', 'attention_distance.png', 'filters.png',
-      'position_similarity.png', 'rollout.png']
+      'analysis.json', 'attention_distance.png', 'class_token_attention.png',
+      'filters.png', 'position_similarity.png', 'rollout.png']
 
 
 def test_lit_notebook(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-r"""The paper's Figures 6 and 7 for a checkpoint: four PNGs and analysis.json.
+r"""The paper's Figures 6 and 7 for a checkpoint, and DINO's class-token
+attention per head: PNGs and analysis.json.
 
   python -m vit_jax.analysis --model_name=ViT-B_16 --checkpoint=ViT-B_16.npz \
       --out=/tmp/figures cat.jpg dog.png
@@ -8,6 +9,8 @@ r"""The paper's Figures 6 and 7 for a checkpoint: four PNGs and analysis.json.
 The model is a preset (`--model_name`) or a config file's (`--config`).
 Image files are prepared as `predict` prepares them (the checkpoint's
 `NAME.transform.json`, `--crop_pct`, `--interpolation`...).
+The class-token figure (`class_token_attention.png`) is skipped, with a
+note, for models without a class token ('gap', 'map', 'unpooled').
 Without image files the attention figures use the first `--num_images` test
 images of the config's dataset, or, with a preset alone, Gaussian noise;
 `analysis.json` says which. The embedding figures need no images.
@@ -107,6 +110,8 @@ def main(argv):
   for layer, heads in enumerate(distance, start=1):  # as in the figure
     print(f'layer {layer}: mean attention distance (px) ' +
           ' '.join(f'{d:.1f}' for d in heads))
+  for name, why in results['skipped'].items():
+    print(f'No {name}.png: {why}')
   print('Wrote ' + ', '.join(paths + [os.path.join(FLAGS.out,
                                                    'analysis.json')]))
   return 0

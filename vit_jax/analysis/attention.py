@@ -1,5 +1,6 @@
-"""Attention of a ViT: recorded weights, mean distance (Fig. 7 right) and
-rollout (Fig. 6, Abnar and Zuidema, 2020)."""
+"""Attention of a ViT: recorded weights, mean distance (Fig. 7 right),
+rollout (Fig. 6, Abnar and Zuidema, 2020) and the class token's last-layer
+attention per head (DINO, Caron et al., 2021, Fig. 1 and 3)."""
 
 import re
 
@@ -126,3 +127,78 @@ def rollout_maps(weights, grid, image_size, prefix=1) -> np.ndarray:
   maps = maps / np.maximum(maps.max(axis=(1, 2), keepdims=True), 1e-12)
   return np.asarray(jax.image.resize(
       maps, (maps.shape[0], *image_size), 'bilinear'))
+
+
+class NoClassTokenError(ValueError):
+  """The model has no class token, so no class-token attention."""
+
+
+def class_token_attention(weights, model_config) -> np.ndarray:
+  """The last layer's attention of the class token to the patches.
+
+  Args:
+    weights: (layers, batch, heads, tokens, tokens) from `attention_weights`.
+    model_config: a dict with the model's `classifier` and `num_registers`:
+      whether it has a class token, and the prefix tokens to skip.
+
+  Returns:
+    (batch, heads, patches): query 0's row of the last layer, without the
+    prefix (class, distillation, register) columns, not renormalized.
+  """
+  classifier = model_config.get('classifier') or 'token'
+  if not models_vit.has_class_token(model_config):
+    why = (': its MAP head pools with its own probe, outside the encoder'
+           if classifier == 'map' else '')
+    raise NoClassTokenError(f'The {classifier!r} classifier has no class '
+                            f'token, so no class-token attention{why}.')
+  return np.asarray(weights)[-1, :, :, 0,
+                             num_prefix_tokens(model_config):]
+
+
+def _on_grid(patches, grid):
+  """(..., h*w) row-major patches as (..., h, w)."""
+  if patches.shape[-1] != grid[0] * grid[1]:
+    raise ValueError(f'{patches.shape[-1]} patch tokens do not fill a '
+                     f'{tuple(grid)} grid.')
+  return patches.reshape(*patches.shape[:-1], *grid)
+
+
+def upsample_nearest(maps, size) -> np.ndarray:
+  """(..., h, w) to (..., height, width): each pixel takes the value of the
+  token it falls in, as torch's `interpolate(mode='nearest')` in DINO."""
+  h, w = maps.shape[-2:]
+  rows = np.arange(size[0]) * h // size[0]
+  cols = np.arange(size[1]) * w // size[1]
+  return maps[..., rows[:, None], cols]
+
+
+def class_token_maps(weights, grid, image_size, model_config) -> np.ndarray:
+  """`class_token_attention` as (batch, heads, height, width) maps on the
+  image, nearest-upsampled from the (h, w) token grid."""
+  return upsample_nearest(
+      _on_grid(class_token_attention(weights, model_config), grid),
+      image_size)
+
+
+def mass_mask(attention, threshold=0.6) -> np.ndarray:
+  """DINO's thresholded attention: True for the largest entries (last axis)
+  that together hold `threshold` of their sum.
+
+  As DINO's `visualize_attention.py`: sorted ascending and normalized, an
+  entry is kept where the cumulative mass exceeds 1 - threshold.
+  """
+  attention = np.asarray(attention, np.float64)
+  order = np.argsort(attention, axis=-1)
+  ascending = np.take_along_axis(attention, order, axis=-1)
+  mass = np.cumsum(ascending / ascending.sum(-1, keepdims=True), axis=-1)
+  keep = np.empty(attention.shape, bool)
+  np.put_along_axis(keep, order, mass > 1 - threshold, axis=-1)
+  return keep
+
+
+def class_token_masks(weights, grid, image_size, model_config,
+                      threshold=0.6) -> np.ndarray:
+  """`mass_mask` of each head's class-token attention over the patches, as
+  (batch, heads, height, width) booleans on the image (nearest)."""
+  keep = mass_mask(class_token_attention(weights, model_config), threshold)
+  return upsample_nearest(_on_grid(keep, grid), image_size)

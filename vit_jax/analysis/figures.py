@@ -1,5 +1,5 @@
-"""The paper's Figure 6 and 7 panels, LiT's similarity matrix and MAE's
-reconstructions.
+"""The paper's Figure 6 and 7 panels, DINO's class-token attention, LiT's
+similarity matrix and MAE's reconstructions.
 
 Each function returns a matplotlib figure. The backend is the caller's: a
 notebook's inline one shows them, the command line picks Agg for files.
@@ -88,6 +88,14 @@ def filters(components, variance):
   return fig
 
 
+def _frame(ax):
+  """No ticks, a thin gray frame: white images keep their edges."""
+  ax.set_xticks([])
+  ax.set_yticks([])
+  for spine in ax.spines.values():
+    spine.set_color('0.7')
+
+
 def rollout(images, maps):
   """Fig. 6: the images; their rollout maps alone; the maps over the images.
 
@@ -102,14 +110,38 @@ def rollout(images, maps):
     axes[1, k].imshow(heat, cmap='inferno', vmin=0, vmax=1)
     axes[2, k].imshow(0.4 * image)
     axes[2, k].imshow(heat, cmap='inferno', alpha=0.6, vmin=0, vmax=1)
-    for ax in axes[:, k]:  # a thin frame: white images keep their edges
-      ax.set_xticks([])
-      ax.set_yticks([])
-      for spine in ax.spines.values():
-        spine.set_color('0.7')
+    for ax in axes[:, k]:
+      _frame(ax)
   for ax, title in zip(axes[:, 0], ('input', 'attention rollout',
                                     'rollout over the input')):
     ax.set_title(title, fontsize=7, loc='left')
+  fig.tight_layout()
+  return fig
+
+
+def class_token_attention(images, maps):
+  """DINO's Fig. 1: a row per image, the image then each head's map.
+
+  Args:
+    images: (n, height, width, 3) model inputs in [-1, 1].
+    maps: (n, heads, height, width), e.g. `attention.class_token_maps`.
+
+  Each map is scaled to its own maximum, as DINO saves each head's: heads
+  differ in how peaked they are, and a shared scale would hide the flat ones.
+  """
+  n, heads = maps.shape[:2]
+  fig, axes = plt.subplots(n, heads + 1, figsize=(1.1 * (heads + 1),
+                                                  1.1 * n + .3),
+                           dpi=DPI, squeeze=False)
+  for k, (image, row) in enumerate(zip(_to_rgb(images), maps)):
+    axes[k, 0].imshow(image)
+    for h, heat in enumerate(row, start=1):
+      axes[k, h].imshow(heat / max(heat.max(), 1e-12), cmap='inferno',
+                        vmin=0, vmax=1)
+  for ax in axes.ravel():
+    _frame(ax)
+  for h, ax in enumerate(axes[0]):
+    ax.set_title(f'head {h}' if h else 'input', fontsize=7, loc='left')
   fig.tight_layout()
   return fig
 

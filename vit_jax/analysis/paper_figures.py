@@ -1,7 +1,8 @@
-"""The paper's Figures 6 and 7 for one model: numbers, then PNGs.
+"""The paper's Figures 6 and 7 for one model, and DINO's class-token
+attention: numbers, then PNGs.
 
 `load_model` reads an .npz for a model config; `analyze` computes every
-panel's numbers; `write` saves the four figures and `analysis.json`.
+panel's numbers; `write` saves the figures and `analysis.json`.
 """
 
 import json
@@ -16,8 +17,10 @@ from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
 from vit_jax.data import pipeline as input_pipeline
 from vit_jax.models import posemb
+from vit_jax.models import vit as models_vit
 
-FIGURES = ('attention_distance', 'position_similarity', 'filters', 'rollout')
+FIGURES = ('attention_distance', 'position_similarity', 'filters', 'rollout',
+           'class_token_attention')
 
 
 def load_model(model_config, path):
@@ -57,17 +60,19 @@ def analyze(model, params, images, rollout_images=None, gray=False):
     model: the model.
     params: its parameters.
     images: (n, size, size, 3) for the mean attention distance.
-    rollout_images: images for the rollout (default: the first 8 of
-      `images`).
+    rollout_images: images for the rollout and the class-token attention
+      (default: the first 8 of `images`).
     gray: the model was trained on gray images (see
       `embeddings.filter_components`).
 
   Returns:
-    A dict of numpy arrays and numbers (see `write`).
+    A dict of numpy arrays and numbers (see `write`); `skipped` names the
+    figures this model cannot have, with why.
   """
   cfg = {'patches': model.patches, 'resnet': model.resnet,
          'classifier': model.classifier,
-         'num_registers': getattr(model, 'num_registers', 0)}
+         'num_registers': getattr(model, 'num_registers', 0),
+         'posemb_prefix': getattr(model, 'posemb_prefix', True)}
   size = images.shape[1:3]
   grid = posemb.token_grid(cfg, size)
   patch = attention.pixel_patch_size(cfg)
@@ -76,20 +81,27 @@ def analyze(model, params, images, rollout_images=None, gray=False):
     rollout_images = images[:8]
   distance = attention.mean_attention_distance(
       attention.attention_weights(model, params, images), grid, patch, prefix)
-  maps = attention.rollout_maps(
-      attention.attention_weights(model, params, rollout_images), grid,
-      rollout_images.shape[1:3], prefix)
+  weights = attention.attention_weights(model, params, rollout_images)
+  maps = attention.rollout_maps(weights, grid, rollout_images.shape[1:3],
+                                prefix)
   out = {'grid': grid, 'patch_pixels': patch,
          'mean_attention_distance': distance,
          'uniform_attention_distance': uniform_distance(grid, patch, prefix),
-         'rollout_images': np.asarray(rollout_images), 'rollout_maps': maps}
+         'rollout_images': np.asarray(rollout_images), 'rollout_maps': maps,
+         'skipped': {}}
+  try:
+    out['class_token_maps'] = attention.class_token_maps(
+        weights, grid, rollout_images.shape[1:3], cfg)
+  except attention.NoClassTokenError as e:
+    out['skipped']['class_token_attention'] = str(e)
   if model.resnet is None:  # a hybrid's filters see features, not pixels
     out['filters'], out['filter_variance'] = embeddings.filter_components(
         params['embedding']['kernel'], gray=gray)
   if model.posemb in ('learn', 'learn2d', 'sincos2d'):
     out['position_similarity'] = embeddings.position_similarity(
-        embeddings.patch_position_embeddings(params, grid, model.posemb,
-                                             prefix), grid)
+        embeddings.patch_position_embeddings(
+            params, grid, model.posemb,
+            models_vit.posemb_prefix_tokens(cfg)), grid)
   return out
 
 
@@ -109,6 +121,9 @@ def write(results, out_dir, notes=None):
   if 'filters' in results:
     drawn['filters'] = lambda: figures.filters(results['filters'],
                                                results['filter_variance'])
+  if 'class_token_maps' in results:
+    drawn['class_token_attention'] = lambda: figures.class_token_attention(
+        results['rollout_images'], results['class_token_maps'])
   paths = []
   for name in FIGURES:
     if name in drawn:
@@ -123,6 +138,8 @@ def write(results, out_dir, notes=None):
   }
   if 'filter_variance' in results:
     summary['filter_variance_ratio'] = results['filter_variance'].tolist()
+  if results.get('skipped'):
+    summary['skipped'] = results['skipped']
   summary.update(notes or {})
   (epath.Path(out_dir) / 'analysis.json').write_text(
       json.dumps(summary, indent=1))
