@@ -117,13 +117,15 @@ def new_center(center, scores, momentum, weight=None):
   return momentum * center + (1 - momentum) * mean
 
 
-def zero_last_layer(grads, frozen):
-  """The head's last layer gets no gradient while `frozen` (DINO's first
-  epoch: it would otherwise collapse the prototypes early)."""
-  def zero(path, g):
+def keep_last_layer(new, old, frozen):
+  """`new`, but the head's last layer from `old` while `frozen` (DINO's
+  first epoch, which would otherwise collapse the prototypes early): its
+  gradient is zeroed and the update undone, so that it gets neither
+  momentum nor weight decay, as a PyTorch parameter without a gradient."""
+  def keep(path, n, o):
     names = {getattr(k, 'key', None) for k in path}
-    return jnp.where(frozen, 0., g) if models_dino.LAST_LAYER in names else g
-  return jax.tree_util.tree_map_with_path(zero, grads)
+    return jnp.where(frozen, o, n) if models_dino.LAST_LAYER in names else n
+  return jax.tree_util.tree_map_with_path(keep, new, old)
 
 
 def teacher_targets(params, teacher, temperature, settings, weight):
@@ -192,11 +194,13 @@ def train_step(state, batch, rng, *, model, settings, schedule):
       lambda p: student_loss(p['student'], model, images, local_images,
                              (rng_global, rng_local), masks, cls, patches,
                              settings), has_aux=True)(params)
-  grads = zero_last_layer(grads, step < schedule['freeze'])
+  frozen = step < schedule['freeze']
+  grads = keep_last_layer(grads, jax.tree.map(jnp.zeros_like, grads), frozen)
   state = state.apply_gradients(grads=grads)
   momentum = teacher_momentum(step, schedule['total'],
                               settings.momentum_teacher)
   new = dict(state.params)
+  new['student'] = keep_last_layer(new['student'], params['student'], frozen)
   new['teacher'] = ema(params['teacher'], new['student'], momentum)
   if settings.centering == 'softmax':
     m = settings.center_momentum
