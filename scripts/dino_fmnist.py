@@ -3,15 +3,15 @@ Fashion-MNIST, over seeds; prints the table of docs/dino.md.
 
   python scripts/dino_fmnist.py --out=/tmp/dino_fmnist --seeds=3
 
-Each seed trains the default job's ViT four ways, each for `--steps`
+Each seed trains the default job's ViT three ways, each for `--steps`
 steps: DINO (configs/dino_fmnist.py) and MAE (configs/mae_fmnist.py)
 without labels, and the default job's supervised recipe with them (a
-reference); plus the same encoder at initialization. Every encoder is then
-evaluated the same way, by `trainer='evaluate'` with dino_fmnist.py's
-evaluators: DINO's weighted k-NN (k = 20, T = 0.07, the 60,000 training
-images as memory) and 10-shot linear regression, on all 10,000 test
-images. A finished run is not repeated. Means and standard errors over
-the seeds.
+reference); and takes the same encoder at initialization. Every encoder is
+evaluated with dino_fmnist.py's evaluators (DINO's run ends with them, the
+others by `trainer='evaluate'`): DINO's weighted k-NN (k = 20, T = 0.07,
+the 60,000 training images as memory) and 10-shot linear regression, on
+all 10,000 test images. A finished run is not repeated. Means and
+standard errors over the seeds.
 """
 
 import argparse
@@ -65,16 +65,18 @@ def one_seed(seed, args):
   seeded = [f'--config.seed={seed}', f'--config.total_steps={args.steps}',
             f'--config.progress_every={max(args.steps // 5, 1)}',
             '--config.checkpoint_every=0']
+  # DINO's run ends with these evaluators; the others are evaluated after.
+  results = {'dino': main_run(CONFIGS['dino'], f'{out}/dino', *seeded)}
   encoders = {'init': initial_encoder(seed, f'{out}/init/ViT-fmnist.npz')}
-  for arm in ('dino', 'mae', 'supervised'):
+  for arm in ('mae', 'supervised'):
     main_run(CONFIGS[arm], f'{out}/{arm}', *seeded)
     encoders[arm] = f'{out}/{arm}/ViT-fmnist.npz'
-  result = {}
   for arm, path in encoders.items():
-    r = main_run('dino_fmnist.py', f'{out}/{arm}_eval',
-                 '--config.trainer=evaluate', f'--config.pretrained_path={path}')
-    result[arm] = (r['knn_accuracy'], r['fewshot_10shot'])
-  return result
+    results[arm] = main_run('dino_fmnist.py', f'{out}/{arm}_eval',
+                            '--config.trainer=evaluate',
+                            f'--config.pretrained_path={path}')
+  return {arm: (r['knn_accuracy'], r['fewshot_10shot'])
+          for arm, r in results.items()}
 
 
 def mean_se(values):
