@@ -23,7 +23,9 @@ from vit_jax import train
 from vit_jax.configs import dino_fmnist
 from vit_jax.configs import mae_fmnist
 from vit_jax.data import multicrop
+from vit_jax.data import pipeline
 from vit_jax.models import dino as models_dino
+from vit_jax.models import vit as models_vit
 from vit_jax.run import loop
 from vit_jax.run import optim
 from vit_jax.tasks import dino
@@ -266,6 +268,44 @@ def test_colour_jitter_keeps_gray_gray():
 def test_bad_crops_are_refused(key, value, match):
   with pytest.raises(ValueError, match=match):
     multicrop.check(_crops(**{key: value}), 28, (7, 7))
+
+
+def test_the_mask_token_replaces_masked_patches():
+  config = dino_fmnist.get_config().model.to_dict()
+  config.update(hidden_size=16, transformer=dict(
+      config['transformer'], num_layers=1, mlp_dim=32, num_heads=2))
+  vit = models_vit.VisionTransformer(num_classes=None, **config)
+  images = np.random.default_rng(11).normal(size=(2, 28, 28, 3))
+  none, every = np.zeros((2, 16), bool), np.ones((2, 16), bool)
+  params = vit.init(jax.random.key(0), images, train=False,
+                    mask=none)['params']
+  params['mask_token'] = np.full((1, 1, 16), 0.3, np.float32)
+  plain = vit.apply({'params': params}, images, train=False)
+  np.testing.assert_allclose(
+      vit.apply({'params': params}, images, train=False, mask=none), plain)
+  # Every patch masked: the images no longer matter.
+  a = vit.apply({'params': params}, images, train=False, mask=every)
+  b = vit.apply({'params': params}, images[::-1] * 2, train=False,
+                mask=every)
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(a, plain)
+  with pytest.raises(ValueError, match='mask must be'):
+    vit.apply({'params': params}, images, train=False, mask=every[:, :3])
+
+
+def test_the_views_stream_resumes_where_it_stopped(fmnist_dirs):
+  config = _small(dino_fmnist.get_config(), fmnist_dirs)
+  info = pipeline.dataset_info(pipeline.get_builder(config), config)
+  stream = lambda start: multicrop.train_dataset(  # pylint: disable=g-long-lambda
+      info, config, batch_size=8, start_step=start).as_numpy_iterator()
+  whole = [b for _, b in zip(range(4), stream(0))]
+  resumed = next(stream(3))
+  assert set(resumed) == {'global', 'local'}  # no labels
+  assert resumed['global'].shape == (8, 2, 28, 28, 3)
+  assert resumed['local'].shape == (8, 2, 14, 14, 3)
+  for k in resumed:
+    np.testing.assert_array_equal(resumed[k], whole[3][k])
+  assert not np.allclose(whole[2]['global'], whole[3]['global'])
 
 
 # The task end to end.
