@@ -15,48 +15,14 @@ standard errors over the seeds.
 """
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
-import numpy as np
+import runs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 ARMS = (('DINO', 'dino'), ('MAE', 'mae'), ('random init', 'init'),
         ('supervised (reference)', 'supervised'))
 CONFIGS = {'dino': 'dino_fmnist.py', 'mae': 'mae_fmnist.py:pretrain',
            'supervised': 'default.py'}
-
-
-def main_run(config, workdir, *flags):
-  """`python -m vit_jax.main` once (skipped if finished); its results."""
-  results = os.path.join(workdir, 'results.json')
-  if not os.path.exists(results):
-    subprocess.run([sys.executable, '-m', 'vit_jax.main',
-                    f'--config={ROOT}/configs/{config}',
-                    f'--workdir={workdir}', *flags], check=True, cwd=ROOT)
-  with open(results) as f:
-    return json.load(f)
-
-
-def initial_encoder(seed, path):
-  """The ViT without a head at initialization (the loop's init key), .npz."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax.configs import default  # pylint: disable=g-import-not-at-top
-  if not os.path.exists(path):
-    config = default.get_config()
-    model = models.VisionTransformer(num_classes=None, **config.model)
-    key = jax.random.split(jax.random.key(seed))[0]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    shape = (1, config.pp.crop, config.pp.crop, 3)
-    checkpoint.save(model.init(key, jnp.zeros(shape), train=False)['params'],
-                    path)
-  return path
 
 
 def one_seed(seed, args):
@@ -66,23 +32,18 @@ def one_seed(seed, args):
             f'--config.progress_every={max(args.steps // 5, 1)}',
             '--config.checkpoint_every=0']
   # DINO's run ends with these evaluators; the others are evaluated after.
-  results = {'dino': main_run(CONFIGS['dino'], f'{out}/dino', *seeded)}
-  encoders = {'init': initial_encoder(seed, f'{out}/init/ViT-fmnist.npz')}
+  results = {'dino': runs.main_run(CONFIGS['dino'], f'{out}/dino',
+                                   *seeded)}
+  encoders = {'init': runs.initial_encoder(seed, f'{out}/init/ViT-fmnist.npz')}
   for arm in ('mae', 'supervised'):
-    main_run(CONFIGS[arm], f'{out}/{arm}', *seeded)
+    runs.main_run(CONFIGS[arm], f'{out}/{arm}', *seeded)
     encoders[arm] = f'{out}/{arm}/ViT-fmnist.npz'
   for arm, path in encoders.items():
-    results[arm] = main_run('dino_fmnist.py', f'{out}/{arm}_eval',
-                            '--config.trainer=evaluate',
-                            f'--config.pretrained_path={path}')
+    results[arm] = runs.main_run('dino_fmnist.py', f'{out}/{arm}_eval',
+                                 '--config.trainer=evaluate',
+                                 f'--config.pretrained_path={path}')
   return {arm: (r['knn_accuracy'], r['fewshot_10shot'])
           for arm, r in results.items()}
-
-
-def mean_se(values):
-  values = np.asarray(values)
-  se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.
-  return f'{values.mean():.4f} +- {se:.4f}'
 
 
 def main():
@@ -91,14 +52,15 @@ def main():
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=1000)
   args = parser.parse_args()
-  runs = [one_seed(seed, args) for seed in range(args.seeds)]
+  results = [one_seed(seed, args) for seed in range(args.seeds)]
   print(f'{args.seeds} seeds, mean +- s.e.; {args.steps} training steps.\n')
   print('| encoder | k-NN (k = 20) | runs | 10-shot linear | runs |')
   print('|---|---|---|---|---|')
+  listed = lambda xs: ', '.join(f'{x:.4f}' for x in xs)
   for label, arm in ARMS:
-    knn, shots = zip(*(r[arm] for r in runs))
-    print(f'| {label} | {mean_se(knn)} | {", ".join(f"{x:.4f}" for x in knn)}'
-          f' | {mean_se(shots)} | {", ".join(f"{x:.4f}" for x in shots)} |')
+    knn, shots = zip(*(r[arm] for r in results))
+    print(f'| {label} | {runs.mean_se(knn)} | {listed(knn)} | '
+          f'{runs.mean_se(shots)} | {listed(shots)} |')
 
 
 if __name__ == '__main__':

@@ -12,45 +12,15 @@ standard errors over the seeds.
 """
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 
-import numpy as np
+import runs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 ROWS = (('MAE pretrained', 'mae'), ('from scratch', 'scratch'))
 
 
-def main_run(config, workdir, *flags):
-  """`python -m vit_jax.main` once; its results.json."""
-  results = os.path.join(workdir, 'results.json')
-  if not os.path.exists(results):
-    subprocess.run([sys.executable, '-m', 'vit_jax.main',
-                    f'--config={ROOT}/configs/mae_fmnist.py:{config}',
-                    f'--workdir={workdir}', *flags], check=True, cwd=ROOT)
-  with open(results) as f:
-    return json.load(f)
-
-
-def initial_encoder(seed, path):
-  """The ViT without a head at initialization (the loop's init key), as .npz."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vit_jax.configs import mae_fmnist  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-  if not os.path.exists(path):
-    config = mae_fmnist.get_config('finetune')
-    model = models.VisionTransformer(num_classes=None, **config.model)
-    key = jax.random.split(jax.random.key(seed))[0]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    shape = (1, config.pp.crop, config.pp.crop, 3)
-    checkpoint.save(model.init(key, jnp.zeros(shape), train=False)['params'],
-                    path)
-  return path
+def main_run(arm, workdir, *flags):
+  return runs.main_run(f'mae_fmnist.py:{arm}', workdir, *flags)
 
 
 def one_seed(seed, args):
@@ -69,15 +39,9 @@ def one_seed(seed, args):
   scratch = main_run('finetune', f'{out}/scratch', *seeded, *finetune)
   init = main_run('finetune', f'{out}/init_fewshot', *seeded,
                   '--config.trainer=fewshot', '--config.pretrained_path=' +
-                  initial_encoder(seed, f'{out}/init/ViT-fmnist.npz'))
+                  runs.initial_encoder(seed, f'{out}/init/ViT-fmnist.npz'))
   return {'mae': (mae['accuracy'], pretrain['fewshot_10shot']),
           'scratch': (scratch['accuracy'], init['fewshot_10shot'])}
-
-
-def mean_se(values):
-  values = np.asarray(values)
-  se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.
-  return f'{values.mean():.4f} +- {se:.4f}'
 
 
 def main():
@@ -87,14 +51,14 @@ def main():
   parser.add_argument('--pretrain_steps', type=int, default=3000)
   parser.add_argument('--finetune_steps', type=int, default=1500)
   args = parser.parse_args()
-  runs = [one_seed(seed, args) for seed in range(args.seeds)]
+  results = [one_seed(seed, args) for seed in range(args.seeds)]
   print(f'{args.seeds} seeds, mean +- s.e.; MAE {args.pretrain_steps} steps, '
         f'fine-tuning {args.finetune_steps} steps.\n')
   print('| encoder | fine-tuned on 10% (test accuracy) | 10-shot linear |')
   print('|---|---|---|')
   for label, arm in ROWS:
-    tuned, shots = zip(*(r[arm] for r in runs))
-    print(f'| {label} | {mean_se(tuned)} | {mean_se(shots)} |')
+    tuned, shots = zip(*(r[arm] for r in results))
+    print(f'| {label} | {runs.mean_se(tuned)} | {runs.mean_se(shots)} |')
 
 
 if __name__ == '__main__':
