@@ -384,6 +384,7 @@ def test_pretrains_exports_and_fine_tunes(fmnist_dirs, tmp_path, capsys):
                                                    str(tmp_path / 'dino')))
   results = json.loads((tmp_path / 'dino' / 'results.json').read_text())
   assert 0 <= results['fewshot_2shot'] <= 1
+  assert 0 <= results['knn_accuracy'] <= 1 and results['knn_count'] == 37
   exported = checkpoint.load(str(tmp_path / 'dino' / 'ViT-fmnist.npz'))
   assert 'mask_token' not in exported
   teacher = dict(params['teacher']['encoder'])
@@ -394,6 +395,15 @@ def test_pretrains_exports_and_fine_tunes(fmnist_dirs, tmp_path, capsys):
   train.train_and_evaluate(finetune, str(tmp_path / 'finetune'))
   out = capsys.readouterr().out
   assert f'Fine-tuning from {finetune.pretrained_path}' in out
+
+
+def test_dino_alone_trains_without_ibot_and_koleo(fmnist_dirs, tmp_path):
+  config = _small(dino_fmnist.get_config('dino_v1'), fmnist_dirs)
+  config.total_steps = 2
+  config.evals.knn.every = config.evals.fewshot.every = None
+  params = train.train_and_evaluate(config, str(tmp_path))
+  np.testing.assert_array_equal(params['ibot_center'], 0)  # never used
+  assert not np.allclose(params['center'], 0)
 
 
 def test_bad_dino_settings_fail_before_compiling(fmnist_dirs, tmp_path):
