@@ -84,3 +84,12 @@ def tiny_image_text(config, fmnist_dirs):
     config.model.pp.max_len = 8
     config.model.out_dim = (None, 10)  # the 'testing' ViT's width
   return config
+
+
+def assert_npz_close(actual_path, expected_path):
+  """Two .npz files hold the same arrays, to float32 rounding."""
+  expected, actual = np.load(expected_path), np.load(actual_path)
+  assert sorted(expected.files) == sorted(actual.files)
+  for key in expected.files:
+    np.testing.assert_allclose(actual[key], expected[key], rtol=1e-5,
+                               atol=1e-6, err_msg=key)

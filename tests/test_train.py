@@ -15,6 +15,7 @@ import pytest
 from conftest import FAST_COMPILE
 from conftest import interrupt_at
 from conftest import make_tiny_config
+import helpers
 from vit_jax import inference_time
 from vit_jax import train
 from vit_jax.data import pipeline as input_pipeline
@@ -304,12 +305,8 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   assert 'Resuming from step ' in rerun.stdout
   assert 'Done: 100 steps' in rerun.stdout
 
-  expected = np.load(tmp_path / 'ref' / 'ViT-fmnist.npz')
-  resumed = np.load(tmp_path / 'run' / 'ViT-fmnist.npz')
-  assert sorted(expected.files) == sorted(resumed.files)
-  for key in expected.files:
-    np.testing.assert_allclose(resumed[key], expected[key], rtol=1e-5,
-                               atol=1e-6, err_msg=key)
+  helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
+                           tmp_path / 'ref' / 'ViT-fmnist.npz')
 
 
 def test_trains_a_mixer(tiny_config, tmp_path):

@@ -128,23 +128,13 @@ def views(image, seed, crops, global_size: int):
   return out
 
 
-def train_dataset(info: pipeline.DatasetInfo, config, *, batch_size: int,
-                  start_step: int = 0, rows=None) -> tf.data.Dataset:
-  """This process's rows of the global batches of views, normalized as
-  `config.pp` says; labels are not read. As `pipeline.train_dataset`: the
-  same shuffled stream, each example's seed folded from its position."""
-  ds, augment_seed = pipeline.shuffled_stream(
-      pipeline.read_encoded(info.builder, config.pp.train), info.num_train,
-      config, batch_size=batch_size, start_step=start_step, rows=rows)
-
-  def process(position, features):
-    image, _ = pipeline.decode(features, info.channels)
-    seed = tf.random.experimental.stateless_fold_in(augment_seed, position)
+def example_fn(config):
+  """(uint8 image, label, seed) -> its views normalized as `config.pp`
+  says, the label dropped: `pipeline.train_dataset`'s `example` for DINO."""
+  def example(image, label, seed):
+    del label  # pretraining without labels
     out = views(image, seed, config.dino.crops, config.pp.crop)
     # [0, 1] -> [-1, 1] -> the run's normalization.
     return {k: pipeline.normalize(v * 2. - 1., config.pp)
             for k, v in out.items()}
-
-  ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.batch(batch_size if rows is None else len(rows),
-                  drop_remainder=True)
+  return example

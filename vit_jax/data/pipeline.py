@@ -288,16 +288,18 @@ def shuffled_stream(base, n: int, config, *, batch_size: int,
 
 
 def train_iterator(info: DatasetInfo, config, *, batch_size: int,
-                   start_step: int = 0, rows=None) -> Iterator[dict]:
+                   start_step: int = 0, rows=None,
+                   example=None) -> Iterator[dict]:
   """Yields this process's rows of the global training batches, as numpy
   (`train_dataset`'s)."""
   ds = train_dataset(info, config, batch_size=batch_size,
-                     start_step=start_step, rows=rows)
+                     start_step=start_step, rows=rows, example=example)
   return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
 
 
 def train_dataset(info: DatasetInfo, config, *, batch_size: int,
-                  start_step: int = 0, rows=None) -> tf.data.Dataset:
+                  start_step: int = 0, rows=None,
+                  example=None) -> tf.data.Dataset:
   """This process's rows of the global training batches.
 
   Args:
@@ -306,17 +308,21 @@ def train_dataset(info: DatasetInfo, config, *, batch_size: int,
     batch_size: examples per global batch.
     start_step: batches already consumed (when resuming).
     rows: this process's rows of each global batch, increasing (default all).
+    example: (uint8 image, label, seed) -> the example's dict; default the
+      classifier's augmented image and one-hot label (DINO: its views).
   """
   ds, augment_seed = shuffled_stream(
       read_encoded(info.builder, config.pp.train), info.num_train, config,
       batch_size=batch_size, start_step=start_step, rows=rows)
+  if example is None:
+    example = lambda image, label, seed: {  # pylint: disable=g-long-lambda
+        'image': preprocess_train(image, seed, config.pp),
+        'label': tf.one_hot(label, info.num_classes)}
 
   def process(position, features):
     image, label = decode(features, info.channels, config.pp.get('label'))
-    example_seed = tf.random.experimental.stateless_fold_in(augment_seed,
-                                                            position)
-    return {'image': preprocess_train(image, example_seed, config.pp),
-            'label': tf.one_hot(label, info.num_classes)}
+    return example(image, label, tf.random.experimental.stateless_fold_in(
+        augment_seed, position))
 
   ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
   return ds.batch(batch_size if rows is None else len(rows),

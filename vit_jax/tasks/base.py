@@ -9,6 +9,8 @@ batches. The loop (`vit_jax/run/loop.py`) owns the rest.
 
 from typing import Any, Callable, Optional, Sequence
 
+from vit_jax.run import loop
+
 
 class Task:
   """The contract. Subclasses set `config`, `mesh` and `model` and
@@ -34,7 +36,9 @@ class Task:
     raise NotImplementedError
 
   def check_initial_files(self) -> None:
-    """Fails fast, before anything compiles, on a missing input file."""
+    """Fails fast, before anything compiles, on a missing input file (by
+    default `pretrained_path`'s)."""
+    loop.check_pretrained_file(self.config)
 
   def initial_params(self, params):
     """The parameters to start from (a checkpoint's), or None: `params`."""

@@ -14,7 +14,6 @@ from vit_jax import models
 from vit_jax.data import mixing
 from vit_jax.data import pipeline as input_pipeline
 from vit_jax.run import config_checks
-from vit_jax.run import loop
 from vit_jax.tasks import base
 
 
@@ -94,9 +93,6 @@ class Task(base.Task):
   def init_params(self, rng, model=None):
     model = model or self.model
     return model.init(rng, jnp.zeros(self.image_shape), train=False)['params']
-
-  def check_initial_files(self):
-    loop.check_pretrained_file(self.config)
 
   def initial_params(self, params):
     """The pretrained parameters with this model's head, or None."""

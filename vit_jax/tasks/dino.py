@@ -24,7 +24,6 @@ published-layout ViT.
 import chex
 import jax
 import jax.numpy as jnp
-import tensorflow_datasets as tfds
 
 from vit_jax import checkpoint
 from vit_jax import losses
@@ -34,7 +33,6 @@ from vit_jax.models import dino as models_dino
 from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
 from vit_jax.run import config_checks
-from vit_jax.run import loop
 from vit_jax.run import optim
 from vit_jax.tasks import base
 
@@ -94,9 +92,9 @@ def crop_major(views):
   return jnp.swapaxes(views, 0, 1).reshape(-1, *views.shape[2:])
 
 
-def by_view(x, views: int):
-  """(V * B, ...) -> (V, B, ...)."""
-  return x.reshape(views, -1, *x.shape[1:])
+def by_view(x, batch: int):
+  """(V * B, ...) -> (V, B, ...), B = `batch` images."""
+  return x.reshape(-1, batch, *x.shape[1:])
 
 
 def targets(scores, center, temperature, settings, valid=None):
@@ -131,8 +129,8 @@ def keep_last_layer(new, old, frozen):
 def teacher_targets(params, teacher, temperature, settings, weight):
   """(class-token targets (2, B, K), masked-patch targets (2B, m, K) or
   None) of the teacher's outputs."""
-  cls = by_view(targets(teacher['dino'], params['center'], temperature,
-                        settings), 2)
+  cls = targets(teacher['dino'], params['center'], temperature, settings)
+  cls = by_view(cls, cls.shape[0] // 2)
   if 'ibot' not in teacher:
     return cls, None
   n, m, k = teacher['ibot'].shape
@@ -148,12 +146,12 @@ def student_loss(student, model, images, local_images, rngs, masks, cls,
   mask, masked, weight = masks
   out = model.apply({'params': student}, images, train=True, mask=mask,
                     masked=masked, rngs={'dropout': rngs[0]})
-  views = [by_view(out['dino'], 2)]
+  batch = images.shape[0] // 2  # images: the two global crops of each
+  views = [by_view(out['dino'], batch)]
   if local_images is not None:
     local = model.apply({'params': student}, local_images, train=True,
                         rngs={'dropout': rngs[1]})
-    views.append(by_view(local['dino'], local_images.shape[0] // (
-        images.shape[0] // 2)))
+    views.append(by_view(local['dino'], batch))
   terms = {'dino_loss': losses.dino_loss(jnp.concatenate(views), cls,
                                          settings.student_temp)}
   if patches is not None:
@@ -161,7 +159,7 @@ def student_loss(student, model, images, local_images, rngs, masks, cls,
                                           settings.student_temp)
   if settings.koleo_weight:
     terms['koleo_loss'] = sum(losses.koleo_loss(c)
-                              for c in by_view(out['cls'], 2))
+                              for c in by_view(out['cls'], batch))
   weights = {'dino_loss': settings.dino_weight,
              'ibot_loss': settings.ibot_weight,
              'koleo_loss': settings.koleo_weight}
@@ -274,9 +272,6 @@ class Task(base.Task):
     return {k: v for k, v in params['teacher']['encoder'].items()
             if k != 'mask_token'}
 
-  def check_initial_files(self):
-    loop.check_pretrained_file(self.config)
-
   def initial_params(self, params):
     """Student and teacher from the encoder at `pretrained_path`, or None."""
     path = config_checks.pretrained_path(self.config)
@@ -297,6 +292,6 @@ class Task(base.Task):
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the views of the training images."""
-    ds = multicrop.train_dataset(self.info, self.config, batch_size=batch_size,
-                                 start_step=start_step, rows=rows)
-    return iter(tfds.as_numpy(ds.prefetch(self.config.prefetch)))
+    return input_pipeline.train_iterator(
+        self.info, self.config, batch_size=batch_size, start_step=start_step,
+        rows=rows, example=multicrop.example_fn(self.config))

@@ -26,7 +26,6 @@ from vit_jax.models import mae as models_mae
 from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
 from vit_jax.run import config_checks
-from vit_jax.run import loop
 from vit_jax.run import storage
 from vit_jax.tasks import base
 
@@ -134,9 +133,6 @@ class Task(base.Task):
 
   def exported_params(self, params):
     return params['encoder']
-
-  def check_initial_files(self):
-    loop.check_pretrained_file(self.config)
 
   def initial_params(self, params):
     """The encoder from `pretrained_path` (continued pretraining), or None."""
