@@ -238,6 +238,7 @@ def test_views_have_their_shapes_and_follow_the_seed():
   c = multicrop.views(image, tf.constant([1, 3], tf.int64), crops, 28)
   assert not np.allclose(a['global'], c['global'])
   assert not np.allclose(a['global'][0], a['global'][1])  # views differ
+  assert not np.allclose(a['local'][0], a['local'][1])
   assert 'local' not in multicrop.views(image, seed, _crops(num_local=0), 28)
 
 
@@ -411,11 +412,20 @@ def test_dino_alone_trains_without_ibot_and_koleo(fmnist_dirs, tmp_path):
 def test_bad_dino_settings_fail_before_compiling(fmnist_dirs, tmp_path):
   cases = [(dict(centering='kmeans'), 'centering'),
            (dict(momentum_teacher=1.0), 'momentum_teacher'),
-           (dict(mask_ratio=(0.5, 0.1)), 'mask_ratio')]
+           (dict(mask_ratio=(0.5, 0.1)), 'mask_ratio'),
+           (dict(mask_probability=1.5), 'mask_probability'),
+           (dict(teacher_temp=0.), 'temperatures must be positive')]
   for i, (kw, match) in enumerate(cases):
     config = _small(dino_fmnist.get_config(), fmnist_dirs, **kw)
     with pytest.raises(ValueError, match=match):
       train.train_and_evaluate(config, str(tmp_path / str(i)))
+  config = _small(dino_fmnist.get_config(), fmnist_dirs)
+  del config.dino.head['hidden_dim']
+  with pytest.raises(ValueError, match=r"head lacks \['hidden_dim'\]"):
+    train.train_and_evaluate(config, str(tmp_path / 'head'))
+  del config['dino']
+  with pytest.raises(ValueError, match='needs config.dino'):
+    train.train_and_evaluate(config, str(tmp_path / 'none'))
   config = _small(dino_fmnist.get_config(), fmnist_dirs)
   config.model.classifier = 'gap'
   with pytest.raises(ValueError, match="classifier='token'"):
