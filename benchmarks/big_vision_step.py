@@ -73,7 +73,7 @@ def compile_step(model, args, mesh):
   import jax.numpy as jnp
   import optax
   from jax.sharding import NamedSharding, PartitionSpec as P
-  from vit_jax.run import sharding
+  from vit_jax.platform import sharding
   tx = optax.adamw(1e-3)
   images = jax.ShapeDtypeStruct((args.batch, args.image, args.image, 3),
                                 jnp.float32)
@@ -127,7 +127,7 @@ def main():
   args = parse()
   import jax  # pylint: disable=import-outside-toplevel
   from vit_jax import plan  # pylint: disable=import-outside-toplevel
-  from vit_jax import target  # pylint: disable=import-outside-toplevel
+  from vit_jax.platform import target  # pylint: disable=import-outside-toplevel
   devices = plan.topology_devices(args.topology)
   mesh = jax.sharding.Mesh(np.array(devices), ('data',))
   print(f'{args.model}{f" depth {args.depth}" if args.depth else ""}, '

@@ -2,7 +2,7 @@ r"""Training input pipeline throughput per CPU core: how many cores feed a chip.
 
 Synthetic ImageNet-like JPEGs (random sizes around 500x375, smooth noise,
 quality 90: about 100 KB each, as ImageNet's) go through the project's
-`input_pipeline.decode` and `preprocess_train` at 224 px with the paper's
+`pipeline.decode` and `preprocess_train` at 224 px with the paper's
 inception crop (area 0.05..1) and flips, without and with the AugReg recipe's
 RandAugment (configs/augreg.py). Mixup and CutMix run on the accelerator
 inside the jitted step (vit_jax/data/mixing.py), so they cost the host nothing.
@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from vit_jax.configs import augreg
 from vit_jax.configs import common
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 flags.DEFINE_integer('cores', 1, 'CPU cores (0..N-1) the pipeline runs on.')
 flags.DEFINE_float('seconds', 30., 'Timed seconds per row.')
@@ -99,9 +99,9 @@ def pipeline(paths, pp, cores: int) -> tf.data.Dataset:
 
   def process(position, path):
     features = {'image': tf.io.read_file(path), 'label': 0}
-    image, _ = input_pipeline.decode(features, channels=3)
+    image, _ = pipeline.decode(features, channels=3)
     example_seed = tf.random.experimental.stateless_fold_in(seed, position)
-    return input_pipeline.preprocess_train(image, example_seed, pp)
+    return pipeline.preprocess_train(image, example_seed, pp)
 
   ds = tf.data.Dataset.from_tensor_slices(paths).repeat().enumerate()
   ds = ds.map(process, num_parallel_calls=cores).batch(FLAGS.batch)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import models
 
 flags.DEFINE_string('model', 'ViT-B_16', 'Model preset.')
@@ -63,7 +63,7 @@ def main(_):
     if not scan:  # init a scanned model once, the rest from its stack
       unrolled = params
     else:
-      params = checkpoint.scan_like(unrolled, params)
+      params = files.scan_like(unrolled, params)
     start = time.perf_counter()
     compiled = _step(model).lower(params, images, labels).compile()
     compile_s = time.perf_counter() - start

@@ -20,9 +20,9 @@ import optax
 import tensorflow as tf
 
 from vit_jax import models
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.run import optim
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 
 config_flags.DEFINE_config_file('config', 'configs/default.py', 'Config.',
                                 lock_config=True)
@@ -93,9 +93,9 @@ def main(_):
         f'{jax.device_count()} {jax.devices()[0].platform} device(s): '
         f'train step {FLAGS.steps * micro / secs:.0f} img/s')
   if FLAGS.pipeline:
-    info = input_pipeline.dataset_info(
-        input_pipeline.get_builder(config), config)
-    it = input_pipeline.train_iterator(info, config, batch_size=micro)
+    info = pipeline.dataset_info(
+        pipeline.get_builder(config), config)
+    it = pipeline.train_iterator(info, config, batch_size=micro)
     secs = _time(lambda: next(it), FLAGS.steps)
     print(f'input pipeline {FLAGS.steps * micro / secs:.0f} img/s')
 

@@ -30,7 +30,7 @@ import ml_collections
 
 from vit_jax.configs import common
 from vit_jax.configs import models
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 
 VARIANTS = {'ti16': 'ViT-Ti_16', 's32': 'ViT-S_32', 's16': 'ViT-S_16',
             'b32': 'ViT-B_32', 'b16': 'ViT-B_16', 'l16': 'ViT-L_16',
@@ -95,7 +95,7 @@ def _model(config, variant, dataset, reg):
   """The preset of `variant`, pooled and regularized as AugReg trains it."""
   preset = VARIANTS[variant]
   data = DATASETS[dataset]
-  model = model_configs.MODEL_CONFIGS[preset].to_dict()
+  model = registry.MODEL_CONFIGS[preset].to_dict()
   model['transformer'].update(dropout_rate=0.1 if reg else 0.0,
                               attention_dropout_rate=0.0,
                               stochastic_depth=0.1 if reg else 0.0)

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from vit_jax.run import run_config
+from vit_jax.models import registry
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   # (a finished workdir holds one); neither: train from scratch.
   config.pretrained_dir = ml_collections.config_dict.placeholder(str)
   config.pretrained_path = ml_collections.config_dict.placeholder(str)
-  config.model = None  # a ConfigDict, e.g. from vit_jax.models.presets
+  config.model = None  # a ConfigDict, e.g. from vit_jax.models.registry
 
   config.total_steps = 10_000
   config.warmup_steps = 500
@@ -166,10 +166,10 @@ def with_dataset(config: ml_collections.ConfigDict,
 def with_model(config: ml_collections.ConfigDict, model_name: str,
                model=None) -> ml_collections.ConfigDict:
   """Sets the model: the preset `model_name`, or `model` under that name,
-  and the input normalization its weights expect (`run_config.set_model`).
+  and the input normalization its weights expect (`registry.set_model`).
 
   `config.model.model_name` refers to `config.model_name`, so the name has
   one source: `--config.model_name` sets both (a preset's name brings its
   whole model: `run_config.resolve`).
   """
-  return run_config.set_model(config, model_name, model)
+  return registry.set_model(config, model_name, model)

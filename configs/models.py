@@ -1,11 +1,11 @@
 """The original release's `configs/models.py`: the model presets by name.
 
-MODEL_CONFIGS holds every preset of `vit_jax.models.presets`; AUGREG_CONFIGS
+MODEL_CONFIGS holds every preset of `vit_jax.models.registry` (each family's, `vit_jax/models/families/`); AUGREG_CONFIGS
 those of the AugReg checkpoints, by the first part of their filenames
 ('B_16', 'R_Ti_16', 'R26_S_32', ...), as the original names them.
 """
 
-from vit_jax.models.presets import MODEL_CONFIGS
+from vit_jax.models.registry import MODEL_CONFIGS
 
 # The original's AugReg list: its ViTs and hybrids, but these.
 _NOT_AUGREG = ('testing', 'testing-unpooled', 'ViT-L_32', 'R50+ViT-B_16',

@@ -24,7 +24,7 @@ import tensorflow as tf
 from vit_jax import cli
 from vit_jax.configs import common
 from vit_jax.data import mixing
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_list('images', [
@@ -52,7 +52,7 @@ def _row(photos, settings):
   pp.crop, pp.area_min = FLAGS.crop, 0.3
   pp.update(settings)
   seed = tf.constant([0, 0], tf.int64)
-  return np.stack([input_pipeline.preprocess_train(
+  return np.stack([pipeline.preprocess_train(
       photos[i % len(photos)], tf.random.experimental.stateless_fold_in(
           seed, i), pp).numpy() for i in range(FLAGS.columns)])
 

@@ -18,7 +18,7 @@ from absl import logging
 import tensorflow as tf
 
 from vit_jax.configs import finetune_mnist5k
-from vit_jax import train
+from vit_jax import launch
 
 flags.DEFINE_string('pretrained_dir', None, 'Workdir of the default job.',
                     required=True)
@@ -38,7 +38,7 @@ def main(_):
       if init == 'pretrained':
         config.pretrained_dir = FLAGS.pretrained_dir
       workdir = os.path.join(FLAGS.workdir, f'{init}_lr{lr}')
-      train.train_and_evaluate(config.lock(), workdir)
+      launch.train_and_evaluate(config.lock(), workdir)
       with open(os.path.join(workdir, 'results.json')) as f:
         table[init, lr] = json.load(f)['accuracy']
   print('| init | ' + ' | '.join(f'lr {lr}' for lr in FLAGS.lrs) + ' |')

@@ -17,7 +17,7 @@ from absl import logging
 import tensorflow as tf
 
 from vit_jax.configs import ablation_posemb
-from vit_jax import train
+from vit_jax import launch
 
 flags.DEFINE_string('workdir', None, 'One sub-folder per variant.',
                     required=True)
@@ -33,7 +33,7 @@ def main(_):
     config = ablation_posemb.get_config(variant)
     workdir = os.path.join(FLAGS.workdir, variant)
     start = time.perf_counter()
-    train.train_and_evaluate(config, workdir)
+    launch.train_and_evaluate(config, workdir)
     with open(os.path.join(workdir, 'results.json')) as f:
       accuracy = json.load(f)['accuracy']
     rows.append((variant, accuracy, time.perf_counter() - start))

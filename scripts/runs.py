@@ -31,7 +31,7 @@ def initial_encoder(seed, path):
   import jax
   import jax.numpy as jnp
   sys.path.insert(0, ROOT)
-  from vit_jax import checkpoint
+  from vit_jax.checkpoints import files
   from vit_jax import models
   from vit_jax.configs import default
   # pylint: enable=g-import-not-at-top
@@ -41,7 +41,7 @@ def initial_encoder(seed, path):
     key = jax.random.split(jax.random.key(seed))[0]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     shape = (1, config.pp.crop, config.pp.crop, 3)
-    checkpoint.save(model.init(key, jnp.zeros(shape), train=False)['params'],
+    files.save(model.init(key, jnp.zeros(shape), train=False)['params'],
                     path)
   return path
 

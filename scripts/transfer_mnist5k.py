@@ -26,7 +26,7 @@ import tensorflow as tf
 from vit_jax.configs import default
 from vit_jax.configs import finetune_mnist5k
 from scripts import collect_results
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.run import loop
 from vit_jax.tasks import classification
 
@@ -52,7 +52,7 @@ def finetune(seed, pretrained):
     config.seed, config.base_lr = seed, FLAGS.base_lr
     if pretrained:
       config.pretrained_dir = FLAGS.pretrained_dir
-    train.train_and_evaluate(config.lock(), workdir)
+    launch.train_and_evaluate(config.lock(), workdir)
   return workdir
 
 
@@ -68,7 +68,7 @@ def fewshot_pretrained():
   if not _done(workdir):
     config = fewshot_config(0)
     config.pretrained_dir = FLAGS.pretrained_dir
-    train.evaluate(config.lock(), workdir)
+    launch.evaluate(config.lock(), workdir)
   return workdir
 
 
@@ -84,7 +84,7 @@ def fewshot_random_init(seed):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     loop.export_npz(params, path)
     config.pretrained_path = path
-    train.evaluate(config.lock(), workdir)
+    launch.evaluate(config.lock(), workdir)
   return workdir
 
 

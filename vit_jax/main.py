@@ -9,12 +9,16 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
+from etils import epy
 import jax
 from ml_collections import config_flags
 
 from vit_jax import cli
-from vit_jax.run import config_checks
-from vit_jax.run import run_config
+from vit_jax import launch
+from vit_jax import run_config
+
+with epy.lazy_imports():  # seconds to import: only once the config is good
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model
@@ -53,18 +57,12 @@ def main(argv):
   # record its settings; given flags win over both.
   config = run_config.resolve(
       FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
-  config_checks.preflight(config)
-  # The data stack (TensorFlow: seconds to import) loads only once the flags,
-  # the config and its files are known to be good.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from vit_jax import inference_time  # pylint: disable=g-import-not-at-top
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
+  # Every check that needs only the config and the devices, before the
+  # data stack (TensorFlow) loads.
+  mesh = launch.check(config)
   tf.config.set_visible_devices([], 'GPU')  # TF only feeds data
-  if config.trainer == 'inference_time':
-    inference_time.inference_time(config, FLAGS.workdir)
-  else:
-    train.train_and_evaluate(config, FLAGS.workdir,
-                             allow_config_change=FLAGS.allow_config_change)
+  launch.train_and_evaluate(config, FLAGS.workdir, mesh=mesh,
+                            allow_config_change=FLAGS.allow_config_change)
 
 
 if __name__ == '__main__':

@@ -30,10 +30,24 @@ import sys
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
+import time  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
+import jax  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
 from vit_jax import cli  # pylint: disable=g-import-not-at-top
+from vit_jax import launch  # pylint: disable=g-import-not-at-top
+from vit_jax import run_config  # pylint: disable=g-import-not-at-top
+from vit_jax.data import labels as task_labels  # pylint: disable=g-import-not-at-top
+from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
+from vit_jax.models import vit as models_vit  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import sharding  # pylint: disable=g-import-not-at-top
+from vit_jax.platform import target  # pylint: disable=g-import-not-at-top
+from vit_jax.run import loop  # pylint: disable=g-import-not-at-top
+from vit_jax.tasks import registry  # pylint: disable=g-import-not-at-top
 from vit_jax.tpu_slices import check_libtpu  # pylint: disable=g-import-not-at-top
 from vit_jax.tpu_slices import Chip  # pylint: disable=g-import-not-at-top
 from vit_jax.tpu_slices import CHIPS  # pylint: disable=g-import-not-at-top,unused-import
@@ -63,16 +77,13 @@ flags.DEFINE_float('host_img_per_core', None,
 def dataset_info(config, num_classes=None):
   """A `DatasetInfo` for building the step: the head's classes from
   `num_classes`, else from the dataset's tfds metadata (no data read)."""
-  from vit_jax.data import pipeline as input_pipeline  # pylint: disable=g-import-not-at-top
   if num_classes is None:
     num_classes = _metadata_classes(config)
-  return input_pipeline.DatasetInfo(builder=None, num_classes=num_classes,
+  return pipeline.DatasetInfo(builder=None, num_classes=num_classes,
                                     num_train=0, num_test=0, channels=3)
 
 
 def _metadata_classes(config) -> int:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import labels as task_labels  # pylint: disable=g-import-not-at-top
   try:
     builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
     return task_labels.num_classes(config.pp.get('label'), builder)
@@ -98,11 +109,8 @@ class Compiled:
 def sharded_state(config, devices, info):
   """(the task, the mesh, the training state as ShapeDtypeStructs with
   their shardings, those shardings) of `config` on `devices`."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
-  from vit_jax.run import loop, sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh(config.mesh, devices)
-  task = train.make_task(config, None, mesh=mesh, info=info)
+  task = launch.make_task(config, None, mesh=mesh, info=info)
   _, abstract, shardings = loop.abstract_state(task, config, mesh)
   state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -114,9 +122,6 @@ def _lowered_step(config, devices, info, platform=None):
   """(the loop's training step for `config` lowered for `devices`, with
   the implementations of `platform` (default: the devices'), its state,
   the number of chips on the `data` axis)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import target  # pylint: disable=g-import-not-at-top
-  from vit_jax.run import loop, sharding  # pylint: disable=g-import-not-at-top
   task, mesh, state, shardings = sharded_state(config, devices, info)
   data = sharding.batch_sharding(mesh)
   batch = jax.tree.map(
@@ -177,7 +182,6 @@ def _unrolled_cost(config, devices, info):
 def per_chip_bytes(tree) -> int:
   """Bytes of one device's shards of `tree` (ShapeDtypeStructs with
   shardings)."""
-  import jax  # pylint: disable=g-import-not-at-top
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
              for x in jax.tree.leaves(tree))
 
@@ -188,7 +192,6 @@ def _model_flops(config, per_chip: int, info) -> float:
   `remat_policy='none'` on one CPU device with the TPU's implementations
   (a program lowered for a TPU slice has no cost analysis). Lowering takes
   seconds; nothing compiles."""
-  import jax  # pylint: disable=g-import-not-at-top
   changes = dict(batch=per_chip, accum_steps=1, mesh=[('data', 1)])
   if 'remat_policy' in (config.model.get('transformer') or {}):
     changes['model.transformer.remat_policy'] = 'none'
@@ -324,7 +327,6 @@ def try_batch(config, devices, info, chip, per_chip: int):
   config) if it fits the chip, else None) at `per_chip` images per chip,
   one micro-batch. A step the compiler refuses gives the temporaries it
   says it needed."""
-  import jax  # pylint: disable=g-import-not-at-top
   cores = cores_per_chip(devices)
   if per_chip % cores:
     return None, None
@@ -403,7 +405,6 @@ def fit_table(config, devices, info, chip, start: int):
   transformer = config.model.get('transformer')
   policies = ('none',)
   if transformer is not None and 'remat_policy' in transformer:
-    from vit_jax.models import vit as models_vit  # pylint: disable=g-import-not-at-top
     policies = tuple(models_vit.REMAT_POLICIES)
   lines = [f'Largest batch per chip that fits {chip.hbm_gib:g} GiB '
            '(estimates as above, one micro-batch):',
@@ -431,25 +432,18 @@ def fit_table(config, devices, info, chip, start: int):
 
 
 def main(argv):
-  import time  # pylint: disable=g-import-not-at-top
-  from absl import app  # pylint: disable=g-import-not-at-top
-  from vit_jax.run import config_checks  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  from vit_jax.run import run_config  # pylint: disable=g-import-not-at-top
   config = run_config.resolve(
       FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
   chip, chips = parse_topology(FLAGS.topology)
   check_libtpu()
-  if config.trainer not in config_checks.PLANNED:
+  if config.trainer not in registry.planned():
     raise ValueError(f'config.trainer={config.trainer!r}: vit_jax.plan '
-                     f'compiles the steps of {config_checks.PLANNED}.')
+                     f'compiles the steps of {registry.planned()}.')
   devices = topology_devices(FLAGS.topology)
-  from vit_jax.run import sharding  # pylint: disable=g-import-not-at-top
-  config_checks.validate(
-      config, sharding.make_mesh(config.mesh, devices).shape['data'])
+  launch.check(config, sharding.make_mesh(config.mesh, devices))
   info = dataset_info(config, FLAGS.num_classes)
-  import jax  # pylint: disable=g-import-not-at-top
   t = time.perf_counter()
   try:
     compiled = compile_step(config, devices, info)
@@ -469,6 +463,5 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flags_as_required(['config', 'topology'])
-  from vit_jax.run import run_config  # pylint: disable=g-import-not-at-top
   sys.argv, HELD = run_config.held_model_flags(sys.argv)
   cli.run(main, config_flag='config')

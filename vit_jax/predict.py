@@ -24,12 +24,11 @@ from etils import epath
 import jax
 import numpy as np
 
-from vit_jax import checkpoint
+from vit_jax.checkpoints import loading
 from vit_jax import cli
 from vit_jax import models
-from vit_jax.convert import transform as preprocess
-from vit_jax.models import presets as model_configs
-from vit_jax.run import run_config
+from vit_jax.convert import transform
+from vit_jax.models import registry
 
 FLAGS = flags.FLAGS
 
@@ -40,27 +39,27 @@ LABEL_FILES = {1000: 'imagenet2012_labels.txt',
 
 # The side that a checkpoint's position table implies; here for callers of
 # the command line's functions.
-image_size = checkpoint.image_size
+image_size = loading.image_size
 
 
 def load_classifier(model_name, path, size=None, recorded=None):
   """(model, params, image side) for the checkpoint at `path`, with the
-  `model` overrides of its `recorded` transform (`preprocess`)."""
+  `model` overrides of its `recorded` transform (`transform`)."""
   if model_name not in models.MODEL_CONFIGS:
     raise ValueError(cli.closest(model_name, models.MODEL_CONFIGS, 'model'))
-  config, _ = run_config.preset_settings(model_name, recorded)
-  model, params, size = checkpoint.load_model(config, path, size)
+  config, _ = transform.preset_settings(model_name, recorded)
+  model, params, size = loading.load_model(config, path, size)
   if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')
   return model, params, size
 
 
-def read_image(path, transform):
-  """The image at `path` as the model sees it, by a `preprocess.Transform`
+def read_image(path, spec):
+  """The image at `path` as the model sees it, by a `transform.Transform`
   or, for a side, the original release's preprocessing at that side."""
-  if not isinstance(transform, preprocess.Transform):
-    transform = preprocess.resolve(transform)
-  return preprocess.prepare(path, transform)
+  if not isinstance(spec, transform.Transform):
+    spec = transform.resolve(spec)
+  return transform.prepare(path, spec)
 
 
 def class_names(num_classes, labels_path=None):
@@ -87,31 +86,31 @@ def predict(model, params, images):
 def transform_for(path, recorded, size, model_name=''):
   """The transform of the checkpoint's record (else the preset's
   normalization) and the flags, said on stderr."""
-  overrides = preprocess.flag_overrides()
-  transform = preprocess.resolve(
-      size, recorded, model_configs.input_normalization(model_name),
+  overrides = transform.flag_overrides()
+  spec = transform.resolve(
+      size, recorded, registry.input_normalization(model_name),
       **overrides)
-  record_path = preprocess.transform_path(path) if recorded else None
-  print(preprocess.summary(transform, record_path, list(overrides)),
+  record_path = transform.transform_path(path) if recorded else None
+  print(transform.summary(spec, record_path, list(overrides)),
         file=sys.stderr, flush=True)
-  return transform
+  return spec
 
 
 def main(argv):
   paths = argv[1:]
   if not paths:
     raise app.UsageError('Give one or more image files.')
-  recorded = preprocess.load_transform(FLAGS.checkpoint)
+  recorded = transform.load_transform(FLAGS.checkpoint)
   model, params, size = load_classifier(
       FLAGS.model_name, FLAGS.checkpoint,
-      FLAGS.size or preprocess.recorded_size(recorded), recorded)
-  transform = transform_for(FLAGS.checkpoint, recorded, size,
+      FLAGS.size or transform.recorded_size(recorded), recorded)
+  spec = transform_for(FLAGS.checkpoint, recorded, size,
                             FLAGS.model_name)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:
     try:
-      images.append(preprocess.prepare(path, transform))
+      images.append(transform.prepare(path, spec))
       good.append(path)
     except (OSError, ValueError) as e:
       print(f'{path}: error: {e}', file=sys.stderr)
@@ -131,6 +130,6 @@ if __name__ == '__main__':
   flags.DEFINE_integer('size', None, 'Image side (default: the recorded '
                        "transform's, else the checkpoint's).")
   flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
-  preprocess.define_flags()
+  transform.define_flags()
   flags.mark_flags_as_required(['model_name', 'checkpoint'])
   cli.run(main)

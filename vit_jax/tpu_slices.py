@@ -7,7 +7,7 @@ import importlib.util
 import math
 import re
 
-from vit_jax.run import tf_startup
+from vit_jax.platform import tf_startup
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,9 +37,9 @@ import tensorflow as tf
 
 from vit_jax import cli
 from vit_jax import predict
+from vit_jax import run_config
 from vit_jax.analysis import paper_figures
-from vit_jax.convert import transform as preprocess
-from vit_jax.run import run_config
+from vit_jax.convert import transform
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model
@@ -54,7 +54,7 @@ flags.DEFINE_integer('num_images', 128,
 flags.DEFINE_integer('rollout_images', 8, 'Images in the rollout figure.')
 flags.DEFINE_bool('gray', False, 'The model was trained on gray images: '
                   'sum its filters over the colour channels first.')
-preprocess.define_flags()  # how image files are prepared, as for predict
+transform.define_flags()  # how image files are prepared, as for predict
 
 
 def run_settings(recorded):
@@ -64,7 +64,7 @@ def run_settings(recorded):
   if (FLAGS.config is None) == (FLAGS.model_name is None):
     raise app.UsageError('Give exactly one of --model_name and --config.')
   if FLAGS.config is None:
-    return run_config.preset_settings(FLAGS.model_name, recorded)[0], None
+    return transform.preset_settings(FLAGS.model_name, recorded)[0], None
   with FLAGS.config.unlocked():  # whose record applies
     FLAGS.config.pretrained_path = FLAGS.checkpoint
   config = run_config.resolve(
@@ -75,9 +75,9 @@ def run_settings(recorded):
 def inputs(paths, size, recorded, config):
   """(images, a note saying what they are)."""
   if paths:
-    transform = predict.transform_for(FLAGS.checkpoint, recorded, size,
+    spec = predict.transform_for(FLAGS.checkpoint, recorded, size,
                                       FLAGS.model_name or '')
-    return (np.stack([predict.read_image(p, transform) for p in paths]),
+    return (np.stack([predict.read_image(p, spec) for p in paths]),
             f'the {len(paths)} image files given')
   if config is not None:
     where = f'{config.dataset}:{config.pp.test}'
@@ -95,7 +95,7 @@ def main(argv):
   tf.config.set_visible_devices([], 'GPU')  # TF only decodes images
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  recorded = preprocess.load_transform(FLAGS.checkpoint)
+  recorded = transform.load_transform(FLAGS.checkpoint)
   model_config, config = run_settings(recorded)
   model, params, size = paper_figures.load_model(model_config,
                                                  FLAGS.checkpoint)

@@ -183,3 +183,20 @@ def save(fig, path):
   with path.open('wb') as f:
     fig.savefig(f, dpi=DPI, format=path.suffix[1:])
   plt.close(fig)
+
+
+# The figures a run's task leaves as arrays (`{workdir}/NAME.npz`, e.g. MAE's
+# `finish`), drawn as `{workdir}/NAME.png` once the run ends.
+RUN_FIGURES = {'mae_reconstructions': mae_reconstructions}
+
+
+def draw_run_figures(workdir) -> None:
+  """Draws each of `RUN_FIGURES` whose arrays the run wrote (process 0)."""
+  for name, draw in RUN_FIGURES.items():
+    arrays = epath.Path(workdir) / f'{name}.npz'
+    if arrays.exists():
+      with arrays.open('rb') as f:
+        data = dict(np.load(f))
+      path = arrays.with_suffix('.png')
+      save(draw(**data), path)
+      print(f'{name}: {path}', flush=True)

@@ -11,11 +11,11 @@ import os
 from etils import epath
 import numpy as np
 
-from vit_jax import checkpoint
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.checkpoints import loading
+from vit_jax.data import pipeline
 from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
 
@@ -27,20 +27,20 @@ def load_model(model_config, path):
   """(model, params, image side) of the checkpoint at `path`.
 
   The head and `pre_logits` sizes come from the checkpoint; the image side
-  from its position table (`checkpoint.image_size`).
+  from its position table (`loading.image_size`).
   """
   if model_config.get('resnet') is None and 'patches' not in model_config:
     raise ValueError('Not a ViT model config (no `patches`).')
-  return checkpoint.load_model(model_config, path)
+  return loading.load_model(model_config, path)
 
 
 def dataset_images(config, size, count):
   """The first `count` test images of `config.dataset`, at `size` px."""
   config = config.copy_and_resolve_references().unlock()
   config.pp.crop, config.pp.resize = size, None
-  info = input_pipeline.dataset_info(input_pipeline.get_builder(config),
+  info = pipeline.dataset_info(pipeline.get_builder(config),
                                          config)
-  batch = next(input_pipeline.eval_batches(info, config, batch_size=count))
+  batch = next(pipeline.eval_batches(info, config, batch_size=count))
   return batch['image'][batch['mask'] > 0]
 
 

@@ -11,8 +11,7 @@ from typing import Any, Dict, NamedTuple, Optional
 from flax import traverse_util
 import numpy as np
 
-from vit_jax import checkpoint
-from vit_jax import models
+from vit_jax.checkpoints import files
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert.preset_inference import check_preset
 from vit_jax.convert.preset_inference import differences
@@ -22,7 +21,7 @@ from vit_jax.convert.preset_inference import infer_preset
 from vit_jax.convert.preset_inference import posemb_prefix
 from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 from vit_jax.convert.names import missing_keys
 from vit_jax.convert.names import npz_to_timm
 from vit_jax.convert.names import timm_to_npz
@@ -30,6 +29,7 @@ from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.timm_config import timm_settings
 from vit_jax.convert.timm_config import uses_fc_norm
 from vit_jax.convert.timm_config import vit_overrides
+from vit_jax.models import registry
 from vit_jax.models.attention import QKV_BIASES
 
 Flat = Dict[str, np.ndarray]
@@ -176,18 +176,11 @@ def _check_width(settings, state: Flat, path: str) -> None:
                      f'{kernel.shape[0]}).')
 
 
-def _family(config: Dict[str, Any]) -> str:
-  """The preset family of timm's architecture (MAE's encoder has a plain
-  ViT's: timm's pretrained tag tells)."""
-  name = config['architecture']
+def _family(config: Dict[str, Any]) -> Optional[registry.Family]:
+  """The family that claims timm's architecture (MAE's encoder has a plain
+  ViT's: timm's pretrained tag tells); None: any ViT preset."""
   tag = (config.get('pretrained_cfg') or {}).get('tag') or ''
-  for pattern, family in ((r'.*_clip(_quickgelu)?_\d+', 'CLIP-'),
-                          (r'.*_siglip(_gap)?_\d+', 'SigLIP-'),
-                          (r'eva02_.*', 'EVA02-'),
-                          (r'.*_dinov3\w*', 'DINOv3-')):
-    if re.fullmatch(pattern, name):
-      return family
-  return 'MAE-' if tag.startswith('mae') else ''
+  return registry.timm_family(config['architecture'], tag)
 
 
 def _from_swin(state: Flat, config: Dict[str, Any],
@@ -195,7 +188,7 @@ def _from_swin(state: Flat, config: Dict[str, Any],
   """A timm Swin, its bias tables resized to the preset's window."""
   flat = convert_swin.timm_to_npz(state)
   model_name = convert_swin.preset(flat, model_name)
-  window = models.MODEL_CONFIGS[model_name].window_size
+  window = registry.MODEL_CONFIGS[model_name].window_size
   return Source(convert_swin.fit_window(flat, window), model_name, {},
                 dict(config.get('pretrained_cfg') or {}))
 
@@ -217,7 +210,7 @@ def _from_bare(weights: str, state: Flat, model_name: Optional[str]
           "GELU's tanh form, which vit_jax computes (timm's default is the "
           "exact form), and timm's default eval transform.", file=sys.stderr)
     return Source(flat, model_name, {}, {})
-  heads = models.MODEL_CONFIGS[model_name].transformer.num_heads
+  heads = registry.MODEL_CONFIGS[model_name].transformer.num_heads
   flat = timm_to_npz(state, heads)
   _check_complete(flat, weights)
   print(f"Note: no config.json beside {weights}: assuming timm's defaults "
@@ -302,16 +295,16 @@ def _record(dst: str, source: Source) -> None:
   any record of the file that `dst` replaces). What the source does not say
   is timm's default (`resolve_data_config`'s): center crop 0.875, bicubic,
   ImageNet's mean and std."""
-  sidecar = dict(preprocess.TIMM_DEFAULTS, **source.transform)
+  sidecar = dict(transform.TIMM_DEFAULTS, **source.transform)
   if source.overrides:
     sidecar['model'] = source.overrides
-  path = preprocess.transform_path(dst)
-  preprocess.save_transform(dst, sidecar)
+  path = transform.transform_path(dst)
+  transform.save_transform(dst, sidecar)
   if source.overrides:
     print(f'Note: {dst} is {source.model_name} with '
           f'{", ".join(flags(source.overrides))}, as timm computes it; '
           f'{path.name} records them for predict '
-          '(preprocess.model_config).', file=sys.stderr)
+          '(transform.model_config).', file=sys.stderr)
 
 
 def _check_destination(src: str, dst: str) -> None:
@@ -328,7 +321,7 @@ def _check_destination(src: str, dst: str) -> None:
 
 def _is_eva_preset(name: str) -> bool:
   """Whether timm builds the preset `name` with its Eva (`convert.eva`)."""
-  return name.startswith(('EVA02-', 'DINOv3-'))
+  return registry.family(name).timm_layout == 'eva'
 
 
 def _to_eva(flat: Flat) -> Flat:
@@ -344,12 +337,12 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   """Converts `src` to `dst`, by their extensions; returns the preset."""
   _check_destination(src, dst)
   if src.endswith('.npz'):
-    params = checkpoint.load(src)
+    params = files.load(src)
     if 'img' in params and 'txt' in params:  # LiT's, big_vision's SigLIP
       print(f'Note: {src} holds two towers: converting the image tower '
             '(img).', file=sys.stderr)
       params = params['img']
-    flat = checkpoint.published_flat(params)
+    flat = files.published_flat(params)
     swin = convert_swin.is_swin(flat)
     model_name = model_name or (convert_swin.preset(flat) if swin else
                                 infer_preset(flat))
@@ -363,6 +356,6 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   if not os.path.exists(src) and re.fullmatch(r'[\w.-]+/[\w.-]+', src):
     src = fetch(src)
   source = from_timm(src, model_name)
-  checkpoint.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
+  files.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
   _record(dst, source)
   return source.model_name

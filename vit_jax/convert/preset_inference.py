@@ -1,6 +1,6 @@
 """The preset that converted weights are: inferred from their published
-names' shapes (and timm's family), checked, and what timm's settings add to
-it (`differences`)."""
+names' shapes (and the family timm's architecture names), checked, and what
+timm's settings add to it (`differences`)."""
 
 import math
 import re
@@ -9,7 +9,8 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from vit_jax import cli
-from vit_jax import models
+from vit_jax.models import registry
+from vit_jax.models import vit as models_vit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.models.encoder import Encoder
 
@@ -79,15 +80,14 @@ def posemb_prefix(flat: Flat) -> Optional[bool]:
 
 
 def _convertible_presets() -> list:
-  """The presets that timm's ViTs and Mixers can be (no LiT, no BiT)."""
-  return [name for name in models.MODEL_CONFIGS
-          if models.model_class(name) in (models.VisionTransformer,
-                                          models.MlpMixer)]
+  """The presets that timm's ViTs, Evas and Mixers can be (no LiT, BiT or
+  Swin: `convert.swin` has its own)."""
+  return registry.presets_of('vit', 'eva', 'mixer')
 
 
 def _preset_dims(name: str) -> Dict[str, Any]:
-  config = models.MODEL_CONFIGS[name]
-  if models.model_class(name) is models.MlpMixer:
+  config = registry.MODEL_CONFIGS[name]
+  if registry.family(name).timm_layout == 'mixer':
     return dict(width=config.hidden_dim, depth=config.num_blocks,
                 patch=tuple(config.patches.size),
                 tokens_mlp_dim=config.tokens_mlp_dim,
@@ -120,9 +120,9 @@ def _misfits(name: str, want: Dict[str, Any]) -> list:
 
 def infer_preset(flat: Flat, heads: Optional[int] = None,
                  classifier: Optional[str] = None,
-                 family: str = '',
+                 family: Optional[registry.Family] = None,
                  overrides: Optional[Dict[str, Any]] = None) -> str:
-  """The preset (its name starting with `family`) whose shapes (and
+  """The preset (of `family`, default any) whose shapes (and
   `heads`) these published names have, and the fewest model options
   (`_OPTIONS`) to override; of several, the one with `classifier`
   (default: a class token's or 'gap'), then the one that the fewest
@@ -132,15 +132,18 @@ def infer_preset(flat: Flat, heads: Optional[int] = None,
     want['heads'] = heads
   if 'stem/kernel' not in flat:
     classifier = classifier or token_classifier(flat)
-  misfits = {name: _misfits(name, want) for name in _convertible_presets()
-             if name.startswith(family)}
+  names = _convertible_presets()
+  if family is not None:
+    names = [c.model_name for c in family.presets if c.model_name in names]
+  misfits = {name: _misfits(name, want) for name in names}
   found = [name for name, wrong in misfits.items()
            if all(w.split()[0] in _OPTIONS for w in wrong)]
   if not found:
-    raise ValueError(f'No {family or ""}preset has these shapes ({want}).')
+    raise ValueError(f'No {family.name + " " if family else ""}preset has '
+                     f'these shapes ({want}).')
   return min(found, key=lambda name: (
       len(misfits[name]),
-      models.MODEL_CONFIGS[name].get('classifier') != classifier,
+      registry.MODEL_CONFIGS[name].get('classifier') != classifier,
       len(flags(differences(name, overrides))) if overrides else 0))
 
 
@@ -166,12 +169,12 @@ def check_preset(flat: Flat, name: str, heads: Optional[int] = None) -> None:
 
 def differences(name: str, overrides: Dict[str, Any]) -> Dict[str, Any]:
   """The part of `overrides` that preset `name` does not already set."""
-  preset = models.MODEL_CONFIGS[name].to_dict()
+  preset = registry.MODEL_CONFIGS[name].to_dict()
   for key, value in overrides.get('transformer', {}).items():
     # A field the preset lacks is the Encoder's default.
     preset['transformer'].setdefault(
         key, Encoder.__dataclass_fields__[key].default)
-  fields = models.VisionTransformer.__dataclass_fields__
+  fields = models_vit.VisionTransformer.__dataclass_fields__
   for key in overrides:
     if key not in preset and key in fields:
       preset[key] = fields[key].default

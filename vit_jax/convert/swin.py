@@ -26,7 +26,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 
 Flat = Dict[str, np.ndarray]
 
@@ -212,10 +212,10 @@ def preset(flat: Flat, model_name: Optional[str] = None) -> str:
   have = dims(flat)
 
   def is_swin(name):
-    return model_configs.family(name).model == 'SwinTransformer'
+    return registry.family(name).timm_layout == 'swin'
 
   def fits(name):
-    config = model_configs.MODEL_CONFIGS[name]
+    config = registry.MODEL_CONFIGS[name]
     return all(tuple(np.atleast_1d(config[k])) == tuple(np.atleast_1d(
         have[k])) for k in _SHAPE)
 
@@ -224,8 +224,8 @@ def preset(flat: Flat, model_name: Optional[str] = None) -> str:
       raise ValueError(f'The weights are a Swin with {have}, which preset '
                        f'{model_name} is not.')
     return model_name
-  found = [n for n in model_configs.MODEL_CONFIGS if is_swin(n)
-           and fits(n) and model_configs.MODEL_CONFIGS[n].window_size ==
+  found = [n for n in registry.MODEL_CONFIGS if is_swin(n)
+           and fits(n) and registry.MODEL_CONFIGS[n].window_size ==
            have['window_size']]
   if not found:
     raise ValueError(f'No Swin preset has {have}: pass --model_name.')

@@ -29,6 +29,7 @@ import numpy as np
 from PIL import Image
 
 from vit_jax import cli
+from vit_jax.models import registry
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model')
@@ -168,6 +169,21 @@ def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
 
   config = preset.to_dict() if hasattr(preset, 'to_dict') else dict(preset)
   return merged(config, (recorded or {}).get('model') or {})
+
+
+def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
+  """(mean, std) of a record, if it names both."""
+  if not recorded or 'mean' not in recorded or 'std' not in recorded:
+    return None
+  return tuple(recorded['mean']), tuple(recorded['std'])
+
+
+def preset_settings(name: str, recorded=None):
+  """(model config dict, (mean, std)) of preset `name` as a checkpoint's
+  `recorded` transform amends it: its model overrides, its normalization."""
+  model = model_config(registry.MODEL_CONFIGS[name], recorded)
+  return model, (recorded_normalization(recorded) or
+                 registry.input_normalization(name))
 
 
 # Reading and preparing images.
@@ -323,18 +339,3 @@ def load_transform(npz_path) -> Optional[Dict[str, Any]]:
     return json.loads(path.read_text())
   except json.JSONDecodeError as e:
     raise ValueError(f'{path} is not valid JSON: {e}') from e
-
-
-# The original's `vit_jax.convert.transform` held LiT's text and image pipelines;
-# they need TensorFlow, so they load from `tokenizers` when asked for.
-_ORIGINAL = {'get_tokenizer': 'tokenizer_class', 'get_pp': 'get_pp',
-             'PreprocessImages': 'PreprocessImages',
-             'BertTokenizer': 'BertTokenizer',
-             'SentencepieceTokenizer': 'SentencepieceTokenizer'}
-
-
-def __getattr__(name):
-  if name not in _ORIGINAL:
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
-  return getattr(tokenizers, _ORIGINAL[name])

@@ -9,10 +9,15 @@ All randomness is stateless, derived from a seed with `stateless_fold_in`:
 an example's augmentation is a pure function of (seed, image).
 """
 
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
+
 import functools
 import math
 
-import tensorflow as tf
+from etils import epy
+
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 _MAX_LEVEL = 10.
 _FILL = 128  # gray where geometric ops uncover pixels (big_vision's replace)
@@ -274,13 +279,18 @@ def check_erasing(probability):
   return float(probability)
 
 
-@tf.autograph.experimental.do_not_convert
-def random_erasing(image, probability, seed, *, area=(0.02, 1 / 3),
-                   min_aspect=0.3, attempts=10):
+def random_erasing(image, probability, seed, **kw):
   """timm's RandomErasing, 'pixel' mode, on a normalized float [H, W, C]
   image: with `probability`, one rectangle of `area` fraction and log-uniform
   aspect ratio in [min_aspect, 1/min_aspect] (the first of `attempts` that
-  fits) gets standard normal values."""
+  fits) gets standard normal values. Not converted by autograph (its loop
+  over attempts is meant to unroll)."""
+  return tf.autograph.experimental.do_not_convert(_random_erasing)(
+      image, probability, seed, **kw)
+
+
+def _random_erasing(image, probability, seed, *, area=(0.02, 1 / 3),
+                    min_aspect=0.3, attempts=10):
   probability = check_erasing(probability)
   shape = tf.shape(image)
   h, w = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)

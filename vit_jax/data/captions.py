@@ -9,17 +9,22 @@ Captions come from one of (`config.lit`):
     class names and descriptions.
 
 The stream is a pure function of (seed, position), as `input_pipeline`'s:
-images are augmented by `input_pipeline.preprocess_train`, and the captions
+images are augmented by `pipeline.preprocess_train`, and the captions
 of each batch are tokenized by the tower's tokenizer.
 """
+
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
 
 import os
 
 from etils import epath
-import tensorflow as tf
+from etils import epy
 import tensorflow_datasets as tfds
 
-from vit_jax.data import pipeline as input_pipeline
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from vit_jax.data import pipeline
 
 CAPTIONS_FILE = 'captions.tsv'
 
@@ -55,8 +60,8 @@ def captioned_examples(config):
     paths, captions = read_captions_file(config.dataset)
     ds = tf.data.Dataset.from_tensor_slices((paths, captions))
     return ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
-  builder = input_pipeline.get_builder(config)
-  ds = input_pipeline.read_encoded(builder, config.pp.train)
+  builder = pipeline.get_builder(config)
+  ds = pipeline.read_encoded(builder, config.pp.train)
   if lit.text_key:
     if lit.text_key not in builder.info.features:
       raise ValueError(f'{config.dataset!r} has no feature {lit.text_key!r}; '
@@ -72,7 +77,7 @@ def check_class_captions(config):
   lit = config.lit
   if has_captions_file(config) or lit.text_key:
     return
-  info = input_pipeline.dataset_info(input_pipeline.get_builder(config),
+  info = pipeline.dataset_info(pipeline.get_builder(config),
                                          config)
   if not lit.class_captions:
     raise ValueError('No captions: give config.dataset a folder with '
@@ -97,12 +102,12 @@ def _class_caption(label, seed, class_captions):
 
 def train_iterator(config, tokenizer, *, batch_size, start_step=0, rows=None):
   """This process's rows of the global batches {'image', 'tokens'}, from
-  step `start_step` on (see `input_pipeline.shuffled_stream`)."""
+  step `start_step` on (see `pipeline.shuffled_stream`)."""
   base = captioned_examples(config)
   n = int(base.cardinality())
   if n < 0:
     n = int(base.reduce(0, lambda count, _: count + 1))
-  ds, augment_seed = input_pipeline.shuffled_stream(
+  ds, augment_seed = pipeline.shuffled_stream(
       base, n, config, batch_size=batch_size, start_step=start_step,
       rows=rows)
   local_batch = batch_size if rows is None else len(rows)
@@ -116,7 +121,7 @@ def train_iterator(config, tokenizer, *, batch_size, start_step=0, rows=None):
       caption = _class_caption(
           features['label'], tf.random.experimental.stateless_fold_in(seed, 2),
           config.lit.class_captions)
-    return {'image': input_pipeline.preprocess_train(image, seed, config.pp),
+    return {'image': pipeline.preprocess_train(image, seed, config.pp),
             'caption': caption}
 
   def tokenize(batch):

@@ -5,7 +5,12 @@ label), as google-research/task_adaptation's data classes define them; the
 config names one with `pp.label` ('' reads the feature 'label').
 """
 
-import tensorflow as tf
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
+
+from etils import epy
+
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 
 def _threshold_index(value, thresholds):

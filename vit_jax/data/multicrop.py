@@ -11,9 +11,14 @@ global and the local crops) and solarization (the second global crop, p =
 image), so a resumed run sees the crops it would have seen.
 """
 
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
+
 import math
 
-import tensorflow as tf
+
+from etils import epy
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from vit_jax.data import pipeline
 

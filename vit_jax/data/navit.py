@@ -2,12 +2,17 @@
 training stream, resumable from the images' recipes alone, and the test
 images at fixed sides, on the mixed stream, or square for a plain ViT."""
 
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
+
+from etils import epy
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
 from vit_jax.data import packing
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 MIXED_STREAM = 1  # the recipes of the mixed test stream (training's: 0)
 
@@ -26,7 +31,7 @@ def _decoded(info, config, ds):
   label = config.pp.get('label')
 
   def decode(*args):
-    image, target = input_pipeline.decode(args[-1], info.channels, label)
+    image, target = pipeline.decode(args[-1], info.channels, label)
     if target.shape.rank:
       raise ValueError('NaViT trains on one label per image.')
     return (*args[:-1], image, target)
@@ -43,8 +48,8 @@ class _Images:
   """
 
   def __init__(self, info, config, first: int, skip):
-    ds, _ = input_pipeline.shuffled_stream(
-        input_pipeline.read_encoded(info.builder, config.pp.train),
+    ds, _ = pipeline.shuffled_stream(
+        pipeline.read_encoded(info.builder, config.pp.train),
         info.num_train, config, batch_size=1, start_step=first)
     self.stream, self.skip, self.kept = _decoded(info, config, ds), skip, {}
 
@@ -108,7 +113,7 @@ def training_efficiency(config) -> float:
 def eval_images(info, config):
   """(uint8 image, label) of every test example, in order (each process
   reads all: the evaluation batches are global)."""
-  return _decoded(info, config, input_pipeline.read_encoded(
+  return _decoded(info, config, pipeline.read_encoded(
       info.builder, config.pp.test))
 
 

@@ -6,6 +6,8 @@ seeded by its position in the stream. Resuming at step s therefore continues
 exactly where step s left off, with no re-seen batches.
 """
 
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
+
 import contextlib
 import dataclasses
 import functools
@@ -14,12 +16,15 @@ import socket
 from typing import Iterator
 
 from etils import epath
+from etils import epy
 import filelock
 import flax
 import jax
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
+
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from vit_jax import cli
 from vit_jax.data import augment

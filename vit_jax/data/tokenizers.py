@@ -13,18 +13,22 @@ The original's tf.data forms follow them: each tokenizer's `preprocess_tf`,
 `PreprocessImages` and `get_pp`.
 """
 
+from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
+
 import dataclasses
 import io
 from typing import Iterable, Sequence
 
 from etils import epath
+from etils import epy
 import numpy as np
 import sentencepiece as spm
-import tensorflow as tf
 from tokenizers import Tokenizer
 from tokenizers import models as tok_models
 from tokenizers import normalizers
 from tokenizers import pre_tokenizers
+with epy.lazy_imports():  # TensorFlow loads when first used
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 TOKENIZERS = ('bert', 'sentencepiece')
 

@@ -1,0 +1,10 @@
+"""The evaluators: built from `config.evals`, called with parameters,
+returning metrics (`common.Evaluator`). Importing one registers it
+(`registry.register`); adding one is its module here and one line below."""
+
+# pylint: disable=unused-import
+from vit_jax.evaluators import classification
+from vit_jax.evaluators import fewshot
+from vit_jax.evaluators import knn
+from vit_jax.evaluators import zeroshot
+from vit_jax.evaluators import navit

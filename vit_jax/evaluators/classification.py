@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from vit_jax import losses
 from vit_jax.evaluators import common
+from vit_jax.evaluators import registry
 
 def eval_step(params, batch, *, apply_fn, loss: str):
   """Masked clu averages of correctness and loss."""
@@ -25,6 +26,7 @@ def eval_step(params, batch, *, apply_fn, loss: str):
                                         batch['mask'])}
 
 
+@registry.register('classification')
 class Evaluator(common.Evaluator):
   """`type='classification'`: settings `dataset` and `split` (default: the
   run's dataset and `pp.test`); metrics `accuracy`, `loss`, `count`.

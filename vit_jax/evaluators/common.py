@@ -14,15 +14,17 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from vit_jax.data import pipeline as input_pipeline
-from vit_jax.run import sharding
+from vit_jax.data import pipeline
+from vit_jax.platform import sharding
 
 
 class Evaluator:
   """The interface: `every`, `__call__(params) -> metrics`, `summary`,
-  `scalars`; `headline`: its summary ends the run's last line."""
+  `scalars`; `headline`: its summary ends the run's last line; `features`:
+  it evaluates the model's features, so needs no head."""
 
   headline = True
+  features = False
 
   def __init__(self, name, settings):
     self.name = name
@@ -51,15 +53,15 @@ def split_data(config, dataset, split):
   data = config.copy_and_resolve_references().unlock()
   data.dataset = dataset or config.dataset
   data.pp.train = data.pp.test = split or config.pp.test
-  return (input_pipeline.dataset_info(input_pipeline.get_builder(data),
+  return (pipeline.dataset_info(pipeline.get_builder(data),
                                           data), data)
 
 
 def batches(info, data, mesh):
   """Every example of the test split, as global batches on the mesh, with
   a `mask` of the real (not padding) examples."""
-  host = input_pipeline.eval_batches(
-      info, data, batch_size=input_pipeline.host_batch_size(data.batch_eval))
+  host = pipeline.eval_batches(
+      info, data, batch_size=pipeline.host_batch_size(data.batch_eval))
   return sharding.global_batches(host, mesh, data.batch_eval)
 
 

@@ -12,8 +12,9 @@ not tuned per task.
 
 import numpy as np
 
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.evaluators import common
+from vit_jax.evaluators import registry
 
 BIAS_FEATURE = 100.
 
@@ -56,7 +57,7 @@ def pick_shots(labels, num_classes, shots, seed):
 def check_shots(info, data, shots, where):
   """Every class of the split has `shots` examples; read from the labels
   alone, before any feature is computed."""
-  counts = input_pipeline.label_counts(info, data)
+  counts = pipeline.label_counts(info, data)
   if counts is None:
     return  # label sets: `pick_shots` checks the argmax labels
   few = np.flatnonzero(counts < shots)
@@ -78,6 +79,7 @@ def accuracies(train, test, num_classes, shots, seeds, l2_reg):
   return out
 
 
+@registry.register('fewshot')
 class Evaluator(common.Evaluator):
   """`type='fewshot'`: few-shot accuracies of a model's pre-logits.
 
@@ -85,6 +87,8 @@ class Evaluator(common.Evaluator):
   `seeds`, `l2_reg`. Checks them and the data at construction, before
   compilation; each call streams both splits through the model.
   """
+
+  features = True
 
   headline = False  # a line of its own
 

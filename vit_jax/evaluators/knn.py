@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.evaluators import common
+from vit_jax.evaluators import registry
 
 # Test features per call of `knn_predict`: its (CHUNK, bank size)
 # similarities are what must fit beside the bank (DINO's imgs_per_chunk).
@@ -59,6 +60,7 @@ def top5_correct(votes, labels):
   return (mine > 0) & (np.sum(votes > mine[:, None], -1) < 5)
 
 
+@registry.register('knn')
 class Evaluator(common.Evaluator):
   """`type='knn'`: weighted k-NN accuracy of a model's pre-logits.
 
@@ -66,6 +68,8 @@ class Evaluator(common.Evaluator):
   `test` splits, `k`, `temperature`. Checks them at construction, before
   compilation; each call streams both splits through the model.
   """
+
+  features = True
 
   headline = False  # a line of its own
 

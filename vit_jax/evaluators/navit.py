@@ -5,11 +5,15 @@ resized to each side)."""
 import jax
 import jax.numpy as jnp
 
-from vit_jax import checkpoint
 from vit_jax.data import navit as navit_data
 from vit_jax.data import packing
+from vit_jax.data import pipeline
 from vit_jax.evaluators import common
-from vit_jax.run import sharding
+from vit_jax.evaluators import registry
+from vit_jax.models import posemb_resize
+from vit_jax.models import registry as models_registry
+from vit_jax.models import vit as models_vit
+from vit_jax.platform import sharding
 
 
 def _count_correct(logits, labels):
@@ -31,11 +35,13 @@ def _accuracy(step, params, batches, mesh, batch_size):
 
 
 class _PerSide(common.Evaluator):
-  """Accuracy at each of `config.navit.eval_sides` (`accuracy_{side}px`)."""
+  """Accuracy at each of `config.navit.eval_sides` (`accuracy_{side}px`),
+  on the test split of the run's dataset."""
 
-  def __init__(self, config, info, mesh):
-    super().__init__('resolutions', {'every': config.navit.eval_every})
-    self.config, self.info, self.mesh = config, info, mesh
+  def __init__(self, name, settings, *, config, model, mesh, **_):
+    super().__init__(name, settings)
+    self.config, self.model, self.mesh = config, model, mesh
+    self.info = pipeline.dataset_info(pipeline.get_builder(config), config)
     self.sides = tuple(int(s) for s in config.navit.eval_sides)
 
   def summary(self, metrics):
@@ -47,11 +53,13 @@ class _PerSide(common.Evaluator):
     return line
 
 
+@registry.register('navit_packed')
 class PackedEvaluator(_PerSide):
   """NaViT's accuracy at fixed sides and on the mixed stream."""
 
-  def __init__(self, config, info, mesh, model):
-    super().__init__(config, info, mesh)
+  def __init__(self, name, settings, **kw):
+    super().__init__(name, settings, **kw)
+    model = self.model
     self.step = jax.jit(lambda params, batch: _count_correct(model.apply(
         {'params': params}, {k: batch[k] for k in packing.KEYS},
         train=False), batch['labels']))
@@ -80,24 +88,24 @@ class PackedEvaluator(_PerSide):
     return out
 
 
+@registry.register('navit_resized')
 class ResizedEvaluator(_PerSide):
-  """A plain ViT's accuracy at each side, its position table resized
-  (bicubic) to that side's grid; images as NaViT's (`fixed_side`)."""
-
-  def __init__(self, config, info, mesh, model):
-    super().__init__(config, info, mesh)
-    self.model = model
+  """A plain ViT's accuracy at each side, its position table resized (as
+  its family resizes) to that side's grid; images as NaViT's
+  (`fixed_side`)."""
 
   def _at_side(self, params, side):
-    model = self.model
-    shape = (1, side, side, 3)
-    abstract = jax.eval_shape(lambda: model.init(
-        jax.random.key(0), jnp.zeros(shape), train=False)['params'])
+    """`params` with the position table of the grid at `side`."""
+    params = jax.device_get(params)
+    tables = params['Transformer']['posembed_input']
     grid = (side // self.config.model.patches.size[0],) * 2
-    return checkpoint.load_params(
-        f'(the ViT at {side} px)', init_params=abstract,
-        model_config=self.config.model, new_grid=grid,
-        found=jax.device_get(params))
+    table = posemb_resize.resize_posemb_grid(
+        tables['pos_embedding'], new_grid=grid,
+        has_class_token=models_vit.posemb_prefix_tokens(self.config.model),
+        method=models_registry.posemb_resize_method(self.config.model_name))
+    return {**params, 'Transformer': {**params['Transformer'],
+                                      'posembed_input': {
+                                          **tables, 'pos_embedding': table}}}
 
   def __call__(self, params):
     config = self.config

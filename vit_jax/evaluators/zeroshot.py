@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.evaluators import common
+from vit_jax.evaluators import registry
 
 DEFAULT_TEMPLATES = ('a photo of a {}.', 'a {}.', 'a picture of a {}.')
 
@@ -74,6 +75,7 @@ def class_names(settings, info, dataset):
   return [n.replace('_', ' ') for n in names]
 
 
+@registry.register('zeroshot')
 class Evaluator(common.Evaluator):
   """`type='zeroshot'`: settings `dataset` and `split` (default: the run's
   dataset and `pp.test`), `class_names` (default: the dataset's),

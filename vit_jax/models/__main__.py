@@ -6,7 +6,7 @@ import jax.numpy as jnp
 
 from vit_jax import cli
 from vit_jax import models
-from vit_jax.models import presets
+from vit_jax.models import registry
 
 FLAGS = flags.FLAGS
 
@@ -18,7 +18,7 @@ def _main(argv):
     print(f'{FLAGS.name}: {count:,} parameters')
     return
   model = models.get_model(FLAGS.name, num_classes=FLAGS.num_classes)
-  size = FLAGS.size or presets.native_resolution(FLAGS.name) or 224
+  size = FLAGS.size or registry.native_resolution(FLAGS.name) or 224
   shape = (FLAGS.batch, size, size, 3)
   logits, _ = jax.eval_shape(lambda: model.init_with_output(  # no compute
       jax.random.key(1), jnp.zeros(shape), train=False))

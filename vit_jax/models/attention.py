@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import target
-from vit_jax.models import ops as lean_ops
+from vit_jax.platform import target
+from vit_jax.models import ops
 from vit_jax.models.posemb import apply_rope
 
 
@@ -76,7 +76,7 @@ def _heads_first_attention(query, key, value, bias=None, mask=None):
   """
   query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
   if bias is None and mask is None:
-    return jnp.swapaxes(lean_ops.attention(query, key, value), 1, 2)
+    return jnp.swapaxes(ops.attention(query, key, value), 1, 2)
   logits = jnp.einsum('bhqd,bhkd->bhqk', query, key,
                       preferred_element_type=jnp.float32)
   logits = logits / np.sqrt(query.shape[-1]).astype(np.float32)
@@ -84,7 +84,7 @@ def _heads_first_attention(query, key, value, bias=None, mask=None):
     logits = logits + bias
   if mask is not None:  # finite: a query with no key gets uniform weights
     logits = jnp.where(mask, logits, np.finfo(np.float32).min)
-  weights = lean_ops.softmax(logits).astype(value.dtype)
+  weights = ops.softmax(logits).astype(value.dtype)
   return jnp.swapaxes(jnp.einsum('bhqk,bhkd->bhqd', weights, value), 1, 2)
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import flexi
-from vit_jax.models import ops as lean_ops
+from vit_jax.models import ops
 from vit_jax.models.attention import attention
 from vit_jax.models.attention import SelfAttention
 from vit_jax.models.layers import drop_path_rates
@@ -100,7 +100,7 @@ class Encoder1DBlock(nn.Module):
                                            name='posembed_relative')
       options['bias_fn'] = functools.partial(relative_bias, grid=grid)
 
-    norm = functools.partial(lean_ops.LayerNorm, epsilon=self.layer_norm_eps,
+    norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
                              dtype=self.dtype)
     x = norm()(inputs)
     x = self._attention(x, deterministic, mask, options)
@@ -219,7 +219,7 @@ class Encoder(nn.Module):
       x = keep_patches(x, keep, x.shape[1] - grid[0] * grid[1])
     if self.add_position_embedding:
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    norm = functools.partial(lean_ops.LayerNorm, epsilon=self.layer_norm_eps,
+    norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
                              dtype=self.dtype)
     if self.pre_norm:
       x = norm(name='norm_pre')(x)

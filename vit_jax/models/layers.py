@@ -7,8 +7,8 @@ from typing import Any, Callable, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax import target
-from vit_jax.models import ops as lean_ops
+from vit_jax.platform import target
+from vit_jax.models import ops
 from vit_jax.models.attention import attention
 
 
@@ -86,15 +86,15 @@ class MlpBlock(nn.Module):
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     elif deterministic or self.dropout_rate == 0:
       # GELU inside the next product, whose backward pass then keeps only
-      # the hidden layer before GELU (lean_ops.gelu_dot_general).
+      # the hidden layer before GELU (ops.gelu_dot_general).
       x = dense(self.mlp_dim)(inputs)
       dense = functools.partial(dense, dot_general=functools.partial(
-          lean_ops.gelu_dot_general, approximate=self.gelu_approximate))
+          ops.gelu_dot_general, approximate=self.gelu_approximate))
     else:
-      x = lean_ops.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
+      x = ops.gelu(dense(self.mlp_dim)(inputs), self.gelu_approximate)
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     if self.inner_norm:
-      x = lean_ops.LayerNorm(epsilon=self.layer_norm_eps, name='norm',
+      x = ops.LayerNorm(epsilon=self.layer_norm_eps, name='norm',
                              dtype=self.dtype)(x)
     x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -146,7 +146,7 @@ class MAPHead(nn.Module):
         num_heads=self.num_heads, kernel_init=nn.initializers.xavier_uniform(),
         attention_fn=attention, dtype=self.dtype)(
             probe, x, mask=None if mask is None else mask[:, None])
-    y = lean_ops.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype)(x)
+    y = ops.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype)(x)
     x = x + MlpBlock(mlp_dim=self.mlp_dim or 4 * d, dropout_rate=0.,
                      gelu_approximate=self.gelu_approximate,
                      dtype=self.dtype)(y, deterministic=True)

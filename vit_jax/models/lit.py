@@ -4,7 +4,8 @@ An image tower (a vit_jax VisionTransformer, `img`) and a text tower (`txt`)
 embed into one space; both embeddings are L2-normalized and compared by dot
 products times a learned temperature exp(`t`) (plus, for SigLIP's sigmoid
 loss, a learned bias `b`). The parameter tree is the original release's, so
-its published `.npz` files load with `checkpoint.load_params`:
+its published `.npz` files load with `checkpoints.loading.load_params`
+(the original's `load_variables` and pipelines: `vit_jax/original/lit.py`):
 
   img/...        the ViT; its `head` (if any) projects to the shared space
   txt/...        `BertModel` (`BertEncoder_0`, `head`) or `TextTransformer`
@@ -12,21 +13,16 @@ its published `.npz` files load with `checkpoint.load_params`:
   t              log temperature, (1,)
 """
 
-import os
 from typing import Any, Optional
 
-from etils import epath
 import flax.linen as nn
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import checkpoint_files
 from vit_jax.models import bert as models_bert
 from vit_jax.models import vit as models_vit
 
-# Where the published LiT files are (`LitModel.load_variables`).
-BASE_PATH = 'gs://vit_models/lit'
 
 
 class BertModel(nn.Module):
@@ -129,43 +125,6 @@ class LitModel(nn.Module):
         self.pp, ml_collections.FrozenConfigDict):
       object.__setattr__(self, 'pp', ml_collections.FrozenConfigDict(self.pp))
     super().__post_init__()
-
-  # The original's conveniences: the published files, by `model_name`.
-
-  def load_variables(self, path=None, cache=True):
-    """{'params': ...} of `path`, else of `{model_name}.npz` here, else of
-    the published file (copied here first with `cache`)."""
-    if path is None:
-      path = local = f'{self.model_name}.npz'
-      if not os.path.exists(local):
-        path = f'{BASE_PATH}/{self.model_name}.npz'
-        if cache:
-          epath.Path(path).copy(local)
-          path = local
-    return {'params': checkpoint_files.load(path)}
-
-  @property
-  def vocab_path(self) -> str:
-    ext = {'bert': 'txt', 'sentencepiece': 'model'}[self.pp.tokenizer_name]
-    return f'{BASE_PATH}/{self.model_name}.{ext}'
-
-  # The text and image pipelines need tokenizers and TensorFlow: loaded only
-  # when asked for, not with the model.
-
-  def get_tokenizer(self):
-    from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
-    return tokenizers.get_tokenizer(self.pp.tokenizer_name, self.vocab_path,
-                                    self.pp.max_len)
-
-  def get_image_preprocessing(self, crop=False):
-    from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
-    return tokenizers.PreprocessImages(size=self.pp.size, crop=crop)
-
-  def get_pp(self, crop=False):
-    from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
-    return tokenizers.get_pp(
-        tokenizer_name=self.pp.tokenizer_name, vocab_path=self.vocab_path,
-        max_len=self.pp.max_len, size=self.pp.size, crop=crop)
 
   @nn.compact
   def __call__(self, *, images=None, tokens=None, train=False,

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import target
+from vit_jax.platform import target
 
 _SQRT_2_OVER_PI = np.sqrt(2 / np.pi).astype(np.float32)
 _INV_SQRT_2PI = np.float32(1 / np.sqrt(2 * np.pi))

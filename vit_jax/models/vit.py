@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vit_jax.models import flexi
-from vit_jax.models import ops as lean_ops
+from vit_jax.models import ops
 from vit_jax.models import resnet as models_resnet
 from vit_jax.models.layers import IdentityLayer
 from vit_jax.models.layers import MAPHead
@@ -232,7 +232,7 @@ class VisionTransformer(nn.Module):
                                                         True),
                   layer_norm_eps=eps, dtype=dtype)(x)
     if self.fc_norm:
-      x = lean_ops.LayerNorm(name='fc_norm', epsilon=eps, dtype=dtype)(x)
+      x = ops.LayerNorm(name='fc_norm', epsilon=eps, dtype=dtype)(x)
 
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',

@@ -12,7 +12,6 @@ it writes at the end (`finish`).
 """
 
 import contextlib
-import datetime
 import functools
 import signal
 import sys
@@ -20,34 +19,28 @@ import threading
 import time
 
 from absl import logging
-from clu import metric_writers
-from clu import periodic_actions
+from etils import epy
 from flax.training import train_state
 import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
-import tqdm.auto
 
-from vit_jax import checkpoint
-from vit_jax import target
+with epy.lazy_imports():  # clu's TensorBoard writer loads TensorFlow
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import progress  # pylint: disable=g-import-not-at-top
+
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import storage
 from vit_jax.evaluators import common as evaluators_common
 from vit_jax.evaluators import registry
-from vit_jax.run import config_checks
+from vit_jax.platform import sharding
+from vit_jax.platform import target
 from vit_jax.run import optim
 from vit_jax.run import run_record
-from vit_jax.run import sharding
-from vit_jax.run import storage
 
 TrainState = train_state.TrainState
 _POLICIES = ocp.checkpoint_managers
-
-
-def check_pretrained_file(config):
-  """Fails fast if the config's pretrained file is missing; a remote one is
-  fetched once, before anything compiles."""
-  path = config_checks.pretrained_path(config)
-  if path:
-    storage.local_copy(path)
 
 
 def make_manager(config, workdir, max_to_keep=None):
@@ -71,12 +64,12 @@ def _restore(manager, abstract, shardings):
   """The latest checkpoint, once its keys and shapes fit the model."""
   step = manager.latest_step()
   try:
-    checkpoint.inspect_params(
+    files.inspect_params(
         params=manager.item_metadata(step).tree['params'],
         expected=abstract.params,
         source=f'The checkpoint in {manager.directory}')
-  except checkpoint.CheckpointError as e:
-    raise checkpoint.CheckpointError(
+  except files.CheckpointError as e:
+    raise files.CheckpointError(
         f'{e}\nUse a fresh --workdir, or the config that wrote this one.'
     ) from None
   wanted = jax.tree.map(
@@ -176,78 +169,6 @@ def preemption(manager):
       signal.signal(signal.SIGTERM, previous)
 
 
-class Progress(periodic_actions.ReportProgress):
-  """clu's progress report, plus the mean loss since the last one.
-
-  Losses stay on the device until a report fetches them; a NaN raises
-  FloatingPointError. Prints a line per report, or moves a tqdm bar
-  (`config.progress_bar`); writes loss, learning rate and img/s. A task
-  whose batches hold a varying number of images (packed sequences) says
-  how many in its step's `images` metric; otherwise a step is
-  `config.batch` images.
-  """
-
-  def __init__(self, config, writer, start_step: int):
-    # The first step is reported too: a short run still shows its start.
-    super().__init__(num_train_steps=config.total_steps, writer=writer,
-                     every_steps=config.progress_every or None,
-                     every_secs=None, on_steps=[start_step + 1])
-    self.config, self.schedule = config, optim.make_schedule(config)
-    self.pending, self.images, self.extra = [], [], {}
-    self.bar = tqdm.auto.tqdm(
-        total=config.total_steps, initial=start_step, unit='step',
-        disable=jax.process_index() > 0) if config.progress_bar else None
-    self(start_step)  # the clock starts here
-
-  def add(self, metrics):
-    self.pending.append(metrics['loss'])  # no host round-trip until a report
-    if 'images' in metrics:
-      self.images.append(metrics['images'])
-    self.extra = {k: v for k, v in metrics.items()
-                  if k not in ('loss', 'images')}
-
-  def restart_clock(self):
-    """Leaves out of the speed what was not training (evaluation)."""
-    self._previous_time = time.monotonic()
-
-  def report_now(self, step: int):
-    """Reports at `step` whether or not it is due (before a save)."""
-    if self.pending:
-      now = time.monotonic()
-      self._apply(step, now)
-      self._after_apply(step, now)
-
-  def _apply(self, step: int, t: float):
-    losses, images = jax.device_get((self.pending, self.images))
-    self.pending, self.images = [], []
-    loss = float(sum(losses)) / len(losses)
-    if loss != loss or abs(loss) == float('inf'):
-      raise FloatingPointError(f'Loss became {loss} by step {step}: training '
-                               'stopped.')
-    super()._apply(step, t)
-    steps, seconds = step - self._previous_step, max(
-        t - self._previous_time, 1e-9)
-    img_s = (float(sum(images)) if images else
-             steps * self.config.batch) / seconds
-    lr = float(self.schedule(step - 1))
-    eta = (self.config.total_steps - step) * seconds / max(steps, 1)
-    if self.bar is not None:
-      self.bar.update(step - self.bar.n)
-      self.bar.set_postfix(loss=f'{loss:.4f}', lr=f'{lr:.3g}',
-                           img_s=f'{img_s:.0f}')
-    else:
-      print(f'[{step}/{self.config.total_steps}] loss {loss:.4f}  lr '
-            f'{lr:.3g}  {img_s:.0f} img/s  ETA '
-            f'{datetime.timedelta(seconds=int(eta))}', flush=True)
-    self._writer.write_scalars(step, {
-        'train_loss': loss, 'learning_rate': lr, 'img_per_sec': img_s,
-        **{k: float(v) for k, v in self.extra.items()}})
-
-  def close(self):
-    if self.bar is not None:
-      self.bar.close()
-
-
 def _due(every, step: int, last: bool) -> bool:
   """An evaluator's turn: every `every` steps and at the end (0: the end
   only; None: never in training)."""
@@ -278,7 +199,7 @@ def write_results(config, workdir, result, name='results.json', **extra):
   if jax.process_index() == 0:
     storage.write_json(storage.join(workdir, name), {
         'model_name': config.model_name, 'dataset': config.dataset,
-        'pretrained': config_checks.pretrained_path(config), **result, **extra})
+        'pretrained': pretrained.pretrained_path(config), **result, **extra})
 
 
 def export_npz(params, path):
@@ -287,7 +208,7 @@ def export_npz(params, path):
     params = multihost_utils.process_allgather(params, tiled=True)
   params = jax.device_get(params)
   if jax.process_index() == 0:
-    checkpoint.save(params, path)
+    files.save(params, path)
 
 
 def _finish(config, workdir, params, result, seconds, evaluators):
@@ -316,24 +237,24 @@ def _train(config, state, train_fn, batches, manager, evaluators, writer,
            start, view):
   """The steps from `start` on: (state, last step, last metrics); the
   evaluators see `view(params)`."""
-  progress, result, step = Progress(config, writer, start), {}, start
+  reporter, result, step = progress.Progress(config, writer, start), {}, start
   try:
     with preemption(manager) as reached_preemption:
       for step in range(start + 1, config.total_steps + 1):
         for _ in range(config.accum_steps):
           state, metrics = train_fn(state, next(batches))
-          progress.add(metrics)
-        progress(step)
+          reporter.add(metrics)
+        reporter(step)
         last, preempted = step == config.total_steps, reached_preemption(step)
         save = last or preempted or manager.should_save(step)
         if save:
-          progress.report_now(step)  # a NaN never reaches a checkpoint
+          reporter.report_now(step)  # a NaN never reaches a checkpoint
         due = [e for e in evaluators if _due(e.every, step, last)]
         if due:
           result.update(run_evaluators(
               due, view(state.params), writer, step,
               prefix=f'[{step}/{config.total_steps}] '))
-          progress.restart_clock()
+          reporter.restart_clock()
         if save:
           manager.save(step, args=ocp.args.StandardSave(state), force=True)
         if preempted:
@@ -344,7 +265,7 @@ def _train(config, state, train_fn, batches, manager, evaluators, writer,
         f'{e} The last good checkpoint is step {manager.latest_step()} in '
         f'{manager.directory}.') from None
   finally:
-    progress.close()
+    reporter.close()
   return state, step, result
 
 
@@ -395,7 +316,7 @@ def evaluate(task, config, workdir, types=None):
   `types` only, if given) and writes `{workdir}/results.json`, or
   `eval_results.json` beside a training run's results.
   """
-  path = config_checks.pretrained_path(config)
+  path = pretrained.pretrained_path(config)
   manager = make_manager(config, workdir)
   empty = manager.latest_step() is None
   manager.close()
@@ -414,7 +335,7 @@ def evaluate(task, config, workdir, types=None):
     # its features are what can be evaluated.
     print(f'Note: {source}: {e} The few-shot and k-NN evaluators run '
           'instead.', file=sys.stderr, flush=True)
-    evaluators = _evaluators(task, config, model, ('fewshot', 'knn'))
+    evaluators = _evaluators(task, config, model, registry.feature_types())
   if types is None:  # the evaluators training runs, the task's own too
     evaluators += list(task.evaluators)
   params = jax.device_put(params, sharding.tree_shardings(

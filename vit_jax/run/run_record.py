@@ -14,7 +14,7 @@ import json
 from etils import epath
 import jax
 
-from vit_jax.run import storage
+from vit_jax.checkpoints import storage
 
 CONFIG = 'config.json'
 # May differ on resume: they do not change the trained parameters.

@@ -9,12 +9,21 @@ batches. The loop (`vit_jax/run/loop.py`) owns the rest.
 
 from typing import Any, Callable, Optional, Sequence
 
-from vit_jax.run import loop
+from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import storage
+from vit_jax.run import checks
 
 
 class Task:
   """The contract. Subclasses set `config`, `mesh` and `model` and
   implement the methods that raise here; the others have defaults.
+
+  Class attributes, read before the task is built (`tasks.registry`):
+    trainers: the `config.trainer` names that build it (registered with
+      `registry.register`).
+    planned: whether `vit_jax.plan` builds its step without data.
+    trains_patch_sizes: whether it trains at random patch sizes (FlexiViT).
+    standalone: it runs by itself (`run(workdir)`), not in the loop.
 
   Attributes:
     param_labels: params -> a tree of `optim.FROZEN`/`TRAINED` labels;
@@ -26,10 +35,42 @@ class Task:
     tokenizer: texts -> token ids, for the zero-shot evaluators (LiT's).
   """
 
+  trainers: Sequence[str] = ()
+  planned: bool = False
+  trains_patch_sizes: bool = False
+  standalone: bool = False
   param_labels: Optional[Callable[[Any], Any]] = None
   frozen: Optional[Any] = None
   evaluators: Sequence[Any] = ()
   tokenizer: Optional[Callable[[Any], Any]] = None
+
+  @classmethod
+  def check_config(cls, config, data_devices: int) -> None:
+    """Fails fast on settings, before the data stack loads or anything
+    compiles: by default those that every training run shares."""
+    if (config.model or {}).get('patch_sizes') and not cls.trains_patch_sizes:
+      raise ValueError('config.model.patch_sizes trains a FlexiViT with '
+                       f"trainer='train', not {config.trainer!r}.")
+    checks.validate(config, data_devices)
+
+  @classmethod
+  def input_files(cls, config):
+    """(config key, path) of the files that the run reads, where set."""
+    path = pretrained.pretrained_path(config)
+    key = 'pretrained_path' if config.pretrained_path else 'pretrained_dir'
+    return [(key, path)] if path else []
+
+  @classmethod
+  def evaluates(cls, config) -> bool:
+    """Whether it, rather than classification, evaluates the checkpoint
+    of `config` (`trainer='evaluate'`)."""
+    del config
+    return False
+
+  @classmethod
+  def create(cls, config, workdir, mesh, **kw):
+    """The task of `config` (NaViT: its plain-ViT baseline, unpacked)."""
+    return cls(config, workdir, mesh, **kw)
 
   def init_params(self, rng):
     """Fresh parameters of `model`."""
@@ -38,7 +79,9 @@ class Task:
   def check_initial_files(self) -> None:
     """Fails fast, before anything compiles, on a missing input file (by
     default `pretrained_path`'s)."""
-    loop.check_pretrained_file(self.config)
+    path = pretrained.pretrained_path(self.config)
+    if path:
+      storage.local_copy(path)  # a remote one is fetched once, now
 
   def initial_params(self, params):
     """The parameters to start from (a checkpoint's), or None: `params`."""
@@ -72,6 +115,10 @@ class Task:
   def exported_params(self, params):
     """`exported_model`'s part of the parameters (MAE: the encoder)."""
     return params
+
+  def run(self, workdir):
+    """A `standalone` task's whole run."""
+    raise NotImplementedError
 
   def finish(self, params, workdir) -> None:
     """What the task writes at the end of training (MAE: a picture)."""

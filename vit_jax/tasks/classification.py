@@ -8,13 +8,16 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from vit_jax import checkpoint
 from vit_jax import losses
 from vit_jax import models
 from vit_jax.data import mixing
-from vit_jax.data import pipeline as input_pipeline
-from vit_jax.run import config_checks
+from vit_jax.data import pipeline
+from vit_jax.models import posemb
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
+from vit_jax.checkpoints import pretrained
 from vit_jax.tasks import base
+from vit_jax.tasks import registry
 
 
 def make_model(config, num_classes: int):
@@ -64,8 +67,13 @@ def train_step(state, batch, *, rng, config):
       'loss': value, 'patch_size': jnp.asarray(sizes)[index]}
 
 
+@registry.register
 class Task(base.Task):
   """The model, its initial parameters, step and batches of a classifier."""
+
+  trainers = ('train', 'classification')
+  planned = True
+  trains_patch_sizes = True
 
   def __init__(self, config, workdir, mesh, *, training=True, info=None):
     del workdir
@@ -82,9 +90,9 @@ class Task(base.Task):
     num_classes = None  # evaluating a file: its head (`checkpoint`)
     self.info = info
     if info is None and (training or
-                         not config_checks.pretrained_path(config)):
-      self.info = input_pipeline.dataset_info(
-          input_pipeline.get_builder(config), config)
+                         not pretrained.pretrained_path(config)):
+      self.info = pipeline.dataset_info(
+          pipeline.get_builder(config), config)
     if self.info is not None:
       num_classes = self.info.num_classes
     self.model = make_model(config, num_classes)
@@ -96,13 +104,13 @@ class Task(base.Task):
 
   def initial_params(self, params):
     """The pretrained parameters with this model's head, or None."""
-    path = config_checks.pretrained_path(self.config)
+    path = pretrained.pretrained_path(self.config)
     if not path:
       return None
-    params = checkpoint.load_params(
+    params = loading.load_params(
         path, init_params=params, model_config=self.config.model,
         new_head=True, new_grid=(self.config.model.get('posemb_grid') or
-                                 models.token_grid(self.config)))
+                                 posemb.token_grid(self.config.model, (self.config.pp.crop,) * 2)))
     print(f'Fine-tuning from {path}.', flush=True)
     return params
 
@@ -118,7 +126,7 @@ class Task(base.Task):
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the training micro-batches."""
-    return input_pipeline.train_iterator(
+    return pipeline.train_iterator(
         self.info, self.config, batch_size=batch_size, rows=rows,
         start_step=start_step)
 
@@ -127,10 +135,10 @@ class Task(base.Task):
     its head and pre-logits, at `pp.crop`; a position table made for
     another resolution is resized as fine-tuning does (its note says so)."""
     try:
-      model, params, _ = checkpoint.load_model(self.config.model, path,
+      model, params, _ = loading.load_model(self.config.model, path,
                                                self.config.pp.crop)
-    except checkpoint.CheckpointError as e:
-      raise checkpoint.CheckpointError(
+    except files.CheckpointError as e:
+      raise files.CheckpointError(
           f'{e}\nEvaluate with the model and number of classes the '
           'checkpoint was trained with (--config.model_name=PRESET gives a '
           "preset's whole model).") from None

@@ -25,16 +25,17 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from vit_jax import checkpoint
 from vit_jax import losses
 from vit_jax.data import multicrop
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.models import dino as models_dino
 from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
-from vit_jax.run import config_checks
 from vit_jax.run import optim
+from vit_jax.checkpoints import loading
+from vit_jax.checkpoints import pretrained
 from vit_jax.tasks import base
+from vit_jax.tasks import registry
 
 CENTERING = ('softmax', 'sinkhorn')
 FROZEN_KEYS = ('teacher', 'center', 'ibot_center')
@@ -219,8 +220,11 @@ def param_labels(params):
           for k in params}
 
 
+@registry.register
 class Task(base.Task):
   """DINO: a student, its EMA teacher; the teacher's encoder is exported."""
+
+  trainers = ('dino',)
 
   param_labels = staticmethod(param_labels)
 
@@ -233,8 +237,8 @@ class Task(base.Task):
     patch = models_vit.patch_size(config.model.patches)
     multicrop.check(s.crops, config.pp.crop, patch)
     self.grid = posemb.token_grid(config.model, (config.pp.crop,) * 2)
-    self.info = info or input_pipeline.dataset_info(
-        input_pipeline.get_builder(config), config)
+    self.info = info or pipeline.dataset_info(
+        pipeline.get_builder(config), config)
     student = dict(encoder)
     if student.get('posemb', 'learn') == 'learn' and s.crops.num_local:
       # The local crops' grid is smaller: the table is resized to it.
@@ -274,11 +278,11 @@ class Task(base.Task):
 
   def initial_params(self, params):
     """Student and teacher from the encoder at `pretrained_path`, or None."""
-    path = config_checks.pretrained_path(self.config)
+    path = pretrained.pretrained_path(self.config)
     if not path:
       return None
     mask_token = params['student']['encoder']['mask_token']
-    loaded = checkpoint.load_params(
+    loaded = loading.load_params(
         path, init_params=self.exported_params(params),
         model_config=self.config.model, new_grid=self.grid)
     for key in ('student', 'teacher'):
@@ -292,6 +296,6 @@ class Task(base.Task):
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the views of the training images."""
-    return input_pipeline.train_iterator(
+    return pipeline.train_iterator(
         self.info, self.config, batch_size=batch_size, start_step=start_step,
         rows=rows, example=multicrop.example_fn(self.config))

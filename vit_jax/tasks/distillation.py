@@ -20,12 +20,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax import checkpoint
 from vit_jax import losses
 from vit_jax import models
 from vit_jax.data import mixing
 from vit_jax.run import run_record
+from vit_jax.checkpoints import loading
 from vit_jax.tasks import classification
+from vit_jax.tasks import registry
 
 KINDS = ('hard', 'soft')
 
@@ -57,7 +58,7 @@ def load_teacher(config, num_classes: int):
   """(model, params) of `config.distill.teacher_path` (`teacher_config`),
   at the run's image size."""
   settings = config.distill
-  model, params, _ = checkpoint.load_model(
+  model, params, _ = loading.load_model(
       teacher_config(settings), settings.teacher_path, config.pp.crop)
   if model.num_classes != num_classes:
     raise ValueError(
@@ -66,8 +67,18 @@ def load_teacher(config, num_classes: int):
   return model, params
 
 
+@registry.register
 class Task(classification.Task):
   """Classification with a frozen teacher's predictions as a second target."""
+
+  trainers = ('distill',)
+  planned = False
+  trains_patch_sizes = False
+
+  @classmethod
+  def input_files(cls, config):
+    return super().input_files(config) + [
+        ('distill.teacher_path', config.distill.teacher_path)]
 
   def __init__(self, config, workdir, mesh, *, training=True):
     super().__init__(config, workdir, mesh, training=training)

@@ -20,16 +20,18 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
-from vit_jax import checkpoint
 from vit_jax import losses
+from vit_jax import models
 from vit_jax.data import captions as caption_data
 from vit_jax.data import tokenizers
 from vit_jax.models import bert as models_bert
 from vit_jax.models import lit as models_lit
-from vit_jax.run import config_checks
 from vit_jax.run import optim
-from vit_jax.run import storage
+from vit_jax.checkpoints import loading
+from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import storage
 from vit_jax.tasks import base
+from vit_jax.tasks import registry
 
 
 # Captions of the batch among which the `retrieval` metric looks.
@@ -103,8 +105,21 @@ def frozen_image_tower(params):
       lambda key, _: optim.FROZEN if key[0] == 'img' else optim.TRAINED, params)
 
 
+@registry.register
 class Task(base.Task):
   """A LiT model, its locked tower, contrastive step and caption batches."""
+
+  trainers = ('lit',)
+
+  @classmethod
+  def input_files(cls, config):
+    vocab = [('lit.vocab_path', config.lit.get('vocab_path'))] if (
+        'lit' in config and config.lit.get('vocab_path')) else []
+    return super().input_files(config) + vocab
+
+  @classmethod
+  def evaluates(cls, config):
+    return models.model_class(config.model_name) is models_lit.LitModel
 
   def __init__(self, config, workdir, mesh, *, training=True):
     validate_lit_config(config)
@@ -121,7 +136,7 @@ class Task(base.Task):
     return self.model.init(rng, **_example_inputs(self.config))['params']
 
   def check_initial_files(self):
-    full = config_checks.pretrained_path(self.config)
+    full = pretrained.pretrained_path(self.config)
     if self.locked and not (full or self.config.lit.image_init):
       raise ValueError('A locked image tower needs weights: set '
                        'config.lit.image_init (an image model .npz) or '
@@ -135,13 +150,13 @@ class Task(base.Task):
     """All from `pretrained_path` (a LiT .npz), else the image tower from
     `config.lit.image_init` (an image model's or a LiT .npz), else None
     (both towers from scratch)."""
-    full = config_checks.pretrained_path(self.config)
+    full = pretrained.pretrained_path(self.config)
     if full:
-      return checkpoint.load_params(full, init_params=params,
+      return loading.load_params(full, init_params=params,
                                     model_config={})
     if not self.config.lit.image_init:
       return None
-    params['img'] = checkpoint.load_params(
+    params['img'] = loading.load_params(
         self.config.lit.image_init, init_params=params['img'],
         model_config=self.config.model.image)
     return params
@@ -192,7 +207,7 @@ class Task(base.Task):
   def checkpoint(self, path):
     """(model, params) of the LiT checkpoint at `path` (an .npz or a
     workdir)."""
-    model, params, _ = checkpoint.load_model(
+    model, params, _ = loading.load_model(
         {}, path, model=self.model,
         abstract_params=abstract_params(self.config, self.model))
     return model, params

@@ -19,18 +19,18 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import checkpoint
-from vit_jax.analysis import figures
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.models import mae as models_mae
 from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
-from vit_jax.run import config_checks
-from vit_jax.run import storage
+from vit_jax.checkpoints import loading
+from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import storage
 from vit_jax.tasks import base
+from vit_jax.tasks import registry
 
 DECODER_KEYS = ('hidden_size', 'num_layers', 'num_heads', 'mlp_dim')
-PICTURE = 'mae_reconstructions.png'
+PICTURE = 'mae_reconstructions.npz'  # drawn by analysis.figures
 PICTURE_IMAGES = 8
 
 
@@ -102,8 +102,12 @@ def train_step(state, images, rng, *, patch, ratio, norm_pix):
   return state.apply_gradients(grads=grads), {'loss': value}
 
 
+@registry.register
 class Task(base.Task):
   """A masked autoencoder: its encoder is the model that is exported."""
+
+  trainers = ('mae',)
+  planned = True
 
   def __init__(self, config, workdir, mesh, *, training=True, info=None):
     del training, workdir
@@ -113,8 +117,8 @@ class Task(base.Task):
     self.grid = posemb.token_grid(config.model, (config.pp.crop,) * 2)
     self.num_patches = self.grid[0] * self.grid[1]
     models_mae.num_kept(self.num_patches, self.settings.mask_ratio)  # checks
-    self.info = info or input_pipeline.dataset_info(
-        input_pipeline.get_builder(config), config)
+    self.info = info or pipeline.dataset_info(
+        pipeline.get_builder(config), config)
     self.model = models_mae.MaskedAutoencoder(
         encoder=encoder, decoder=dict(self.settings.decoder))
     # What the evaluators see and the .npz holds: the encoder as a ViT
@@ -136,10 +140,10 @@ class Task(base.Task):
 
   def initial_params(self, params):
     """The encoder from `pretrained_path` (continued pretraining), or None."""
-    path = config_checks.pretrained_path(self.config)
+    path = pretrained.pretrained_path(self.config)
     if not path:
       return None
-    params['encoder'] = checkpoint.load_params(
+    params['encoder'] = loading.load_params(
         path, init_params=params['encoder'], model_config=self.config.model,
         new_grid=self.grid)
     print(f'MAE from the encoder {path}.', flush=True)
@@ -160,26 +164,27 @@ class Task(base.Task):
 
   def batches(self, *, batch_size, rows, start_step):
     """This process's rows of the training images; labels are not used."""
-    for batch in input_pipeline.train_iterator(
+    for batch in pipeline.train_iterator(
         self.info, self.config, batch_size=batch_size, rows=rows,
         start_step=start_step):
       yield {'image': batch['image']}
 
   def finish(self, params, workdir):
-    """Writes `{workdir}/mae_reconstructions.png` from the first test
-    images (process 0)."""
+    """Writes `{workdir}/mae_reconstructions.npz` from the first test
+    images (process 0): the images, the patches seen and the
+    reconstructions, as displayed; `analysis.figures` draws its `.png`."""
     if not all(x.is_fully_addressable for x in jax.tree.leaves(params)):
       params = multihost_utils.process_allgather(params, tiled=True)
     if jax.process_index():
       return
-    images = next(input_pipeline.eval_batches(
+    images = next(pipeline.eval_batches(
         self.info, self.config, batch_size=PICTURE_IMAGES))['image']
     rng = jax.random.key(self.config.seed)
     mask, recon = reconstruct(self.model, jax.device_get(params), images, rng,
                               self.settings.mask_ratio,
                               self.settings.norm_pix_loss)
     path = storage.join(workdir, PICTURE)
-    figures.save(figures.mae_reconstructions(
-        to_display(images, self.config.pp), mask,
-        to_display(recon, self.config.pp)), path)
-    print(f'Reconstructions: {path}', flush=True)
+    arrays = dict(images=to_display(images, self.config.pp), mask=mask,
+                  recon=to_display(recon, self.config.pp))
+    storage.write_atomic(path, lambda f: np.savez(f, **arrays))
+    print(f'Reconstructions (arrays): {path}', flush=True)

@@ -24,14 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax import checkpoint
 from vit_jax.data import navit as navit_data
 from vit_jax.data import packing
-from vit_jax.data import pipeline as input_pipeline
-from vit_jax.evaluators import navit as navit_eval
+from vit_jax.data import pipeline
+from vit_jax.evaluators import registry as evaluators
 from vit_jax.models import navit as models_navit
+from vit_jax.checkpoints import loading
 from vit_jax.tasks import base
 from vit_jax.tasks import classification
+from vit_jax.tasks import registry
 
 SETTINGS = ('packed', 'max_tokens', 'window', 'side_range', 'aspect_range',
             'drop_rate', 'eval_sides', 'eval_every')
@@ -57,8 +58,22 @@ def image_loss(logits, labels):
   return jnp.sum(losses * real) / jnp.maximum(jnp.sum(real), 1)
 
 
+@registry.register
 class Task(base.Task):
   """NaViT on packed sequences: its model, step, batches and evaluator."""
+
+  trainers = ('navit',)
+
+  @classmethod
+  def evaluates(cls, config):
+    return 'navit' in config
+
+  @classmethod
+  def create(cls, config, workdir, mesh, **kw):
+    """NaViT's task, or with `config.navit.packed=False` the ViT baseline."""
+    if check_settings(config).packed:
+      return cls(config, workdir, mesh, **kw)
+    return BaselineTask(config, workdir, mesh, **kw)
 
   def __init__(self, config, workdir, mesh, *, training=True):
     del workdir, training
@@ -69,10 +84,12 @@ class Task(base.Task):
     self.model = models_navit.NaViT(num_classes=None, **model)
     sizes = navit_data.sampling(config)  # checks the ranges
     self._check_sizes(sizes)
-    self.info = input_pipeline.dataset_info(
-        input_pipeline.get_builder(config), config)
+    self.info = pipeline.dataset_info(
+        pipeline.get_builder(config), config)
     self.model = self.model.clone(num_classes=self.info.num_classes)
-    self.evaluators = [navit_eval.PackedEvaluator(config, self.info, mesh, self.model)]
+    self.evaluators = [evaluators.build(
+        'navit_packed', 'resolutions', {'every': config.navit.eval_every},
+        config=config, model=self.model, mesh=mesh)]
 
   def _check_sizes(self, sizes):
     """Every image, trained or tested, fits a sequence and the model."""
@@ -108,7 +125,7 @@ class Task(base.Task):
     """(model, params) of the NaViT checkpoint at `path` (an .npz or a
     workdir), for `trainer='evaluate'`."""
     abstract = jax.eval_shape(lambda: self.init_params(jax.random.key(0)))
-    model, params, _ = checkpoint.load_model(
+    model, params, _ = loading.load_model(
         self.config.model, path, model=self.model, abstract_params=abstract)
     return model, params
 
@@ -138,12 +155,7 @@ class BaselineTask(classification.Task):
 
   def __init__(self, config, workdir, mesh, *, training=True):
     super().__init__(config, workdir, mesh, training=training)
-    self.evaluators = [navit_eval.ResizedEvaluator(config, self.info, mesh,
-                                                      self.model)]
+    self.evaluators = [evaluators.build(
+        'navit_resized', 'resolutions', {'every': config.navit.eval_every},
+        config=config, model=self.model, mesh=mesh)]
 
-
-def make_task(config, workdir, mesh, *, training=True):
-  """NaViT's task, or with `config.navit.packed=False` the ViT baseline."""
-  if check_settings(config).packed:
-    return Task(config, workdir, mesh, training=training)
-  return BaselineTask(config, workdir, mesh, training=training)

@@ -1,40 +1,25 @@
-"""From any checkpoint to a model's parameters: `load_params`.
+"""From any checkpoint to a model's parameters: `load_params`, and to the
+model itself: `load_model`.
 
 A checkpoint is an .npz in the original release's format (local, gs:// or
-https://) or an Orbax workdir; `checkpoint_files` reads and writes them, and
-its public names are importable from here, where the original has them.
-`model_config_for` and `image_size` tell the model that a checkpoint was
-trained as, for callers that build it.
+https://) or an Orbax workdir, which `files` reads. `model_config_for` and
+`image_size` tell the model that a checkpoint was trained as, for callers
+that build it; how a position table is resized is its family's.
 """
 
 import os
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from etils import epath
 from flax import traverse_util
 import jax
 import numpy as np
-import tqdm.auto as tqdm
 
-from vit_jax import models
+from vit_jax.checkpoints import files
 from vit_jax.models import posemb
 from vit_jax.models import posemb_resize
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 from vit_jax.models import vit as models_vit
-# pylint: disable=unused-import
-from vit_jax.checkpoint_files import CheckpointError
-from vit_jax.checkpoint_files import inspect_params
-from vit_jax.checkpoint_files import load
-from vit_jax.checkpoint_files import published_flat
-from vit_jax.checkpoint_files import read_params
-from vit_jax.checkpoint_files import save
-from vit_jax.checkpoint_files import scan_like
-from vit_jax.checkpoint_files import shape_of
-from vit_jax.checkpoint_files import wrong_shapes
-from vit_jax.models.posemb_resize import interpolate_posembed
-from vit_jax.models.posemb_resize import resize_posemb_grid
-# pylint: enable=unused-import
 
 Params = Dict[str, Any]
 
@@ -67,9 +52,9 @@ def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
                 else model_config)
   params = _image_tower(params, config)
   head = params.get('head')
-  config['num_classes'] = shape_of(head['kernel'])[-1] if head else None
+  config['num_classes'] = files.shape_of(head['kernel'])[-1] if head else None
   config['representation_size'] = (
-      shape_of(params['pre_logits']['kernel'])[-1]
+      files.shape_of(params['pre_logits']['kernel'])[-1]
       if _has_pre_logits(params) else None)
   return config
 
@@ -89,10 +74,10 @@ def load_model(model_config, path, size=None, *, model=None,
     return model, load_params(path, init_params=abstract_params,
                               model_config=model_config,
                               resize_posemb=False), size
-  found = read_params(path)
+  found = files.read_params(path)
   config = model_config_for(found, model_config)
   size = size or image_size(found, config)
-  cls = models.model_class(config.get('model_name') or '')
+  cls = registry.model_class(config.get('model_name') or '')
   model = cls(**{k: v for k, v in config.items()
                  if k in cls.__dataclass_fields__ and k != 'parent'})
   expected = jax.eval_shape(lambda: model.init(
@@ -112,13 +97,13 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
   mixing = params.get('MixerBlock_0', {}).get('token_mixing')
   tables = params.get('Transformer', {}).get('posembed_input', {})
   if mixing is not None:
-    tokens = shape_of(mixing['Dense_0']['kernel'])[0]
+    tokens = files.shape_of(mixing['Dense_0']['kernel'])[0]
   elif 'pos_embedding_grid' in tables:
-    tokens = np.prod(shape_of(tables['pos_embedding_grid'])[:2])
+    tokens = np.prod(files.shape_of(tables['pos_embedding_grid'])[:2])
   elif 'pos_embedding_row' in tables:
-    tokens = shape_of(tables['pos_embedding_row'])[1]**2
+    tokens = files.shape_of(tables['pos_embedding_row'])[1]**2
   elif 'pos_embedding' in tables:
-    tokens = shape_of(tables['pos_embedding'])[1] - (
+    tokens = files.shape_of(tables['pos_embedding'])[1] - (
         models_vit.posemb_prefix_tokens(model_config))
   else:
     raise ValueError('The checkpoint has no position table that fixes its '
@@ -175,22 +160,22 @@ def _resize_posemb(params, init_params, path, posemb, prefix, method,
   tables, targets = _posembed_input(params), _posembed_input(init_params)
   for axis, name in enumerate(_POSEMB_TABLES.get(posemb, ())):
     if name not in tables or name not in targets:
-      continue  # inspect_params lists what is missing
-    have, want = shape_of(tables[name]), shape_of(targets[name])
+      continue  # files.inspect_params lists what is missing
+    have, want = files.shape_of(tables[name]), files.shape_of(targets[name])
     if posemb == 'interp2d':
       _resize_interp2d(tables, path, have, want)
       continue
-    # Only the token count is resizable; inspect_params lists the rest.
+    # Only the token count is resizable; files.inspect_params lists the rest.
     if have == want or len(have) != 3 or len(want) != 3 or (
         have[0], have[2]) != (want[0], want[2]):
       continue
     try:
       table_grids = _table_grids(posemb, name, axis, have, want, prefix,
                                  **grids)
-      tables[name] = resize_posemb_grid(tables[name], method=method,
+      tables[name] = posemb_resize.resize_posemb_grid(tables[name], method=method,
                                         **table_grids)
     except ValueError as e:
-      raise CheckpointError(f'Cannot resize {name} of {path} from {have} to '
+      raise files.CheckpointError(f'Cannot resize {name} of {path} from {have} to '
                             f'{want}: {e}') from e
     _note(path, f'resized {name} from {have} to {want} ({method}'
           + _grid_change(table_grids, have, prefix) + ')')
@@ -213,7 +198,7 @@ def _resize_interp2d(tables, path, have, want):
   """Resamples an 'interp2d' grid (H0, W0, D) to the model's, in place, as
   the model would at that grid (`posemb.interp2d_posemb`)."""
   if have == want or len(have) != 3 or len(want) != 3 or have[2] != want[2]:
-    return  # inspect_params lists what does not fit
+    return  # files.inspect_params lists what does not fit
   positions = models_vit.grid_positions(want[:2])
   grid = posemb.interp2d_posemb(np.asarray(tables['pos_embedding_grid']),
                                     *positions)
@@ -226,25 +211,25 @@ def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],
   """Explains the shape mismatches that no change of resolution can fix."""
   def wrong(part):
     return sorted(k for k in have if part in k and k in want and
-                  shape_of(have[k]) != shape_of(want[k]))
+                  files.shape_of(have[k]) != files.shape_of(want[k]))
 
   relative, mixing = wrong('/posembed_relative/'), wrong('/token_mixing/')
   if relative:
     k = relative[0]
-    raise CheckpointError(
+    raise files.CheckpointError(
         f'Checkpoint {path} does not fit the model: {k} is '
-        f'{shape_of(have[k])} in the checkpoint and {shape_of(want[k])} in the '
+        f'{files.shape_of(have[k])} in the checkpoint and {files.shape_of(want[k])} in the '
         'model. Relative position tables never depend on the resolution: '
         'keep transformer.relative_max_distance and the heads of '
         'pre-training.\n' +
-        wrong_shapes('relative position tables', relative, have, want))
+        files.wrong_shapes('relative position tables', relative, have, want))
   if mixing:  # sorted first: MixerBlock_0/token_mixing/Dense_0/kernel
-    raise CheckpointError(
-        f'Checkpoint {path} is an MLP-Mixer for {shape_of(have[mixing[0]])[0]} '
-        f'patches, but the model makes {shape_of(want[mixing[0]])[0]}: its '
+    raise files.CheckpointError(
+        f'Checkpoint {path} is an MLP-Mixer for {files.shape_of(have[mixing[0]])[0]} '
+        f'patches, but the model makes {files.shape_of(want[mixing[0]])[0]}: its '
         'token-mixing MLPs are as wide as the number of patches, so it '
         'cannot be fine-tuned at another resolution.\n' +
-        wrong_shapes('token-mixing parameters', mixing, have, want))
+        files.wrong_shapes('token-mixing parameters', mixing, have, want))
 
 
 def _abstract(tree) -> bool:
@@ -260,12 +245,12 @@ def _fit_head(params, init_params, new_head, path):
         raise ValueError('new_head=True takes the head from init_params: '
                          'give arrays, not shapes.')
       params[head] = dict(init_params[head])
-      kernel = shape_of(init_params[head]['kernel'])
+      kernel = files.shape_of(init_params[head]['kernel'])
       _note(path, f"new {head} {kernel} (the model's initial one)")
     elif head not in init_params and params.pop(head, None):
       _note(path, f'dropped the {head} (the model has none)')
   if not _has_pre_logits(init_params):
-    # inspect_params gives back the model's {} if it has a parameter-less one.
+    # files.inspect_params gives back the model's {} if it has a parameter-less one.
     if 'kernel' in (params.pop('pre_logits', None) or {}):
       _note(path, 'dropped pre_logits (the model has none)')
   elif new_head and not _has_pre_logits(params):
@@ -279,10 +264,7 @@ def _fit_head(params, init_params, new_head, path):
 def default_resize_method(model_config) -> str:
   """How the position tables of `model_config`'s preset are resized: as its
   weights' source does ('bicubic' for a name that is no preset)."""
-  name = model_config.get('model_name') or ''
-  if name not in models.MODEL_CONFIGS:
-    return 'bicubic'
-  return model_configs.posemb_resize_method(name)
+  return registry.posemb_resize_method(model_config.get('model_name') or '')
 
 
 def load_params(path,
@@ -312,7 +294,7 @@ def load_params(path,
   `init_params` may be shapes (`jax.eval_shape`) unless `new_head` needs
   the model's initial head; `model_config` gives `classifier` ('token') and
   `posemb` ('learn'). Returns numpy parameters shaped like `init_params`;
-  raises FileNotFoundError, or CheckpointError listing what does not fit.
+  raises FileNotFoundError, or files.CheckpointError listing what does not fit.
   """
   path = os.fspath(path)
   posemb = model_config.get('posemb') or 'learn'
@@ -320,11 +302,11 @@ def load_params(path,
     _check_posemb(posemb, init_params)
     resize_method = resize_method or default_resize_method(model_config)
     posemb_resize.check_method(resize_method)
-  params = read_params(path) if found is None else found
+  params = files.read_params(path) if found is None else found
   if 'img' not in init_params and 'img' in params and 'txt' in params:
     _note(path, 'took the LiT image tower (img)')
     params = params['img']
-  params = scan_like(params, init_params)
+  params = files.scan_like(params, init_params)
   _fit_head(params, init_params, new_head, path)
   _check_unresizable(traverse_util.flatten_dict(params, sep='/'),
                      traverse_util.flatten_dict(init_params, sep='/'), path)
@@ -332,55 +314,5 @@ def load_params(path,
     _resize_posemb(params, init_params, path, posemb,
                    models_vit.posemb_prefix_tokens(model_config),
                    resize_method, new_grid=new_grid, old_grid=old_grid)
-  return inspect_params(params=params, expected=init_params,
+  return files.inspect_params(params=params, expected=init_params,
                         source=f'Checkpoint {path}')
-
-
-# The original release's helpers.
-
-
-def recover_tree(keys, values) -> Params:
-  """The nested dict of flat '/'-separated `keys` and their `values`."""
-  return traverse_util.unflatten_dict(
-      {tuple(k.split('/')): v for k, v in zip(keys, values)})
-
-
-def copy(src, dst, progress: bool = True, block_size: int = 10 << 20):
-  """Copies the file `src` to `dst` (local, gs://) in blocks, with a
-  progress bar."""
-  src, dst = epath.Path(src), epath.Path(dst)
-  blocks = -(-src.stat().length // block_size)
-  with src.open('rb') as fin, dst.open('wb') as fout:
-    for _ in (tqdm.trange(blocks) if progress else range(blocks)):
-      fout.write(fin.read(block_size))
-
-
-def get_augreg_df(directory='gs://vit_models/augreg'):
-  """The pandas DataFrame of `{directory}/index.csv`, which describes the
-  AugReg checkpoints ("How to train your ViT?"): one row per pre-trained
-  (`filename`) and fine-tuned (`adapt_filename`) pair, with their settings
-  and accuracies (`final_val`, `adapt_final_test`, ...)."""
-  import pandas as pd  # pylint: disable=g-import-not-at-top  (only here)
-  with epath.Path(directory, 'index.csv').open() as f:
-    return pd.read_csv(f)
-
-
-def load_pretrained(*,
-                    pretrained_path,
-                    init_params: Mapping[str, Any],
-                    model_config,
-                    new_grid: Optional[Tuple[int, int]] = None,
-                    old_grid: Optional[Tuple[int, int]] = None,
-                    resize_method: Optional[str] = None) -> Params:
-  """Loads a checkpoint to fine-tune the model of `init_params`: the
-  original's name for `load_params(..., new_head=True)`, which see.
-
-  At a new resolution (Sec. 3.2 of the paper) 'learn' tables are resized in
-  2-D on the patch grid (prefix entries kept) and 'learn2d' ones in 1-D; a
-  Mixer cannot change resolution. `init_params` holds arrays: the fresh
-  head (and `pre_logits`, if the file has none) come from it.
-  """
-  return load_params(pretrained_path, init_params=init_params,
-                     model_config=model_config, new_head=True,
-                     new_grid=new_grid, old_grid=old_grid,
-                     resize_method=resize_method)

@@ -25,7 +25,7 @@ import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax.run import storage
+from vit_jax.checkpoints import storage
 
 Params = Dict[str, Any]
 

@@ -7,7 +7,7 @@ own model. The record beside the checkpoint (`NAME.transform.json`, which
 std) applies over that. Values given on the command line
 (`--config.model.*`, `--config.pp.mean`, `--config.pp.std`) win over both.
 Each change is said in one note line on stderr. predict and analysis take
-the same preset and record through `preset_settings`.
+the same preset and record through `transform.preset_settings`.
 """
 
 import copy
@@ -16,14 +16,13 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 import jax
-import ml_collections
 from ml_collections import config_flags
 
 from vit_jax import cli
-from vit_jax.convert import transform as preprocess
-from vit_jax.models import presets as model_configs
-from vit_jax.run import config_checks
-from vit_jax.run import storage
+from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import storage
+from vit_jax.convert import transform
+from vit_jax.models import registry
 
 Normalization = Tuple[Optional[tuple], Optional[tuple]]
 
@@ -31,45 +30,6 @@ Normalization = Tuple[Optional[tuple], Optional[tuple]]
 def _note(line: str) -> None:
   if jax.process_index() == 0:
     print(f'Note: {line}.', file=sys.stderr, flush=True)
-
-
-def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
-  """(mean, std) of a record, if it names both."""
-  if not recorded or 'mean' not in recorded or 'std' not in recorded:
-    return None
-  return tuple(recorded['mean']), tuple(recorded['std'])
-
-
-def preset_settings(name: str, recorded=None
-                    ) -> Tuple[Dict[str, Any], Tuple[tuple, tuple]]:
-  """(model config dict, (mean, std)) of preset `name` as a checkpoint's
-  `recorded` transform amends it: its model overrides, its normalization."""
-  model = preprocess.model_config(model_configs.MODEL_CONFIGS[name], recorded)
-  return model, (recorded_normalization(recorded) or
-                 model_configs.input_normalization(name))
-
-
-def set_model(config, name: str, model=None):
-  """`config.model` from preset `name` (or the dict `model`, under that
-  name), and `pp.mean`/`pp.std` as its weights expect; `config.model.
-  model_name` refers to `config.model_name`, so the name has one source."""
-  if model is None:
-    model = model_configs.MODEL_CONFIGS[name]
-  config.model_name = name
-  _set_normalization(config, model_configs.input_normalization(name))
-  # A deep copy keeps the preset's typed None fields (placeholders), so that
-  # --config.model.transformer.layerscale_init=1e-5 parses as a float.
-  config.model = copy.deepcopy(ml_collections.ConfigDict(model))
-  config.model.model_name = config.get_ref('model_name')
-  return config
-
-
-def _set_normalization(config, normalization) -> None:
-  """pp.mean/std; None for Google's [-1, 1], which the pipeline makes."""
-  mean, std = (tuple(float(v) for v in x) for x in normalization)
-  if (mean, std) == model_configs.NORMALIZATIONS['google']:
-    mean = std = None
-  config.pp.mean, config.pp.std = mean, std
 
 
 def _normalization(config) -> Normalization:
@@ -81,7 +41,7 @@ def _describe(normalization: Normalization) -> str:
   mean, std = normalization
   if mean is None and std is None:
     return "Google's [-1, 1] (mean and std 0.5)"
-  if (mean, std) == model_configs.NORMALIZATIONS['imagenet']:
+  if (mean, std) == registry.NORMALIZATIONS['imagenet']:
     return "ImageNet's mean and std"
   return f'mean {mean} and std {std}'
 
@@ -100,10 +60,10 @@ def _differing(a: Mapping[str, Any], b: Mapping[str, Any], prefix=''):
 
 def checkpoint_record(config) -> Optional[Dict[str, Any]]:
   """The record beside the config's pretrained file, if there is one."""
-  path = config_checks.pretrained_path(config)
+  path = pretrained.pretrained_path(config)
   if not path or (storage.is_remote(path) and not path.startswith('gs://')):
     return None
-  return preprocess.load_transform(path)
+  return transform.load_transform(path)
 
 
 def _model_dict(config) -> Dict[str, Any]:
@@ -120,7 +80,7 @@ def held_model_flags(argv, config_flag: str = 'config'):
   prefix = f'--{config_flag}.'
   names = [a.split('=', 1)[1] for a in argv
            if a.startswith(prefix + 'model_name=')]
-  if not names or names[-1] not in model_configs.MODEL_CONFIGS:
+  if not names or names[-1] not in registry.MODEL_CONFIGS:
     return list(argv), []
   held = [a for a in argv if a.startswith(prefix + 'model.')]
   return [a for a in argv if a not in held], held
@@ -167,10 +127,10 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
   before = _model_dict(config), _normalization(config)
   with out.unlocked():
     if 'model_name' in given:
-      if name in model_configs.MODEL_CONFIGS:
-        set_model(out, name)
+      if name in registry.MODEL_CONFIGS:
+        registry.set_model(out, name)
       else:
-        hint = cli.closest(name, model_configs.MODEL_CONFIGS, 'preset')
+        hint = cli.closest(name, registry.MODEL_CONFIGS, 'preset')
         _note(f'config.model_name={name!r} is no preset, so the config\'s '
               f'own model is used under that name ({hint.split("; ")[-1]})')
     preset = _model_dict(out), _normalization(out)
@@ -178,8 +138,8 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
     if recorded and out.model is not None:
       with out.model.unlocked():  # a record may set what a custom model lacks
         out.model.update(recorded.get('model') or {})
-      if recorded_normalization(recorded):
-        _set_normalization(out, recorded_normalization(recorded))
+      if transform.recorded_normalization(recorded):
+        registry.set_normalization(out, transform.recorded_normalization(recorded))
     mine = {k: v for k, v in given.items()
             if k.startswith(('model.', 'pp.mean', 'pp.std'))}
     out.update_from_flattened_dict(mine)
@@ -211,7 +171,7 @@ def _say(config, out, given, before, preset, recorded) -> None:
                    'over it')
     _note('; '.join(parts))
   if recorded and after != preset:
-    path = preprocess.transform_path(config_checks.pretrained_path(out))
+    path = transform.transform_path(pretrained.pretrained_path(out))
     changed = [k for k in _differing(preset[0], after[0])
                if f'model.{k}' not in given]
     parts = [f'{path.name} (beside the checkpoint) applies']

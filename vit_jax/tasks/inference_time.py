@@ -6,18 +6,23 @@ data: random images of `pp.crop` pixels, `batch_eval` per step, on the mesh.
 
 import time
 
-from clu import metric_writers
+from etils import epy
 import jax
 import jax.numpy as jnp
 
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
+from vit_jax.tasks import base
 from vit_jax.tasks import classification
+from vit_jax.tasks import registry
+
+with epy.lazy_imports():  # its TensorBoard writer loads TensorFlow
+  from clu import metric_writers  # pylint: disable=g-import-not-at-top
 
 
 def inference_time(config, workdir: str, num_classes: int = 1000,
-                   steps: int = 10) -> float:
+                   steps: int = 10, mesh=None) -> float:
   """Returns and logs the forward-pass throughput in images per second."""
-  mesh = sharding.make_mesh(config.mesh)
+  mesh = mesh or sharding.make_mesh(config.mesh)
   model = classification.make_model(config, num_classes)
   shape = (config.batch_eval, config.pp.crop, config.pp.crop, 3)
   images = jax.device_put(jnp.zeros(shape), sharding.batch_sharding(mesh))
@@ -39,3 +44,22 @@ def inference_time(config, workdir: str, num_classes: int = 1000,
   writer.write_scalars(0, {'inference_img_per_sec': img_s})
   writer.flush()
   return img_s
+
+
+@registry.register
+class Task(base.Task):
+  """Times the forward pass instead of training (no data, no optimizer)."""
+
+  trainers = ('inference_time',)
+  standalone = True
+
+  def __init__(self, config, workdir, mesh, *, training=True):
+    del workdir, training
+    self.config, self.mesh = config, mesh
+
+  @classmethod
+  def check_config(cls, config, data_devices):
+    del config, data_devices  # no training settings to check
+
+  def run(self, workdir):
+    return inference_time(self.config, workdir, mesh=self.mesh)
