@@ -1,13 +1,19 @@
-"""Helpers shared by the model and checkpoint tests.
+"""Helpers shared by the tests.
 
-Parameters: random draws of `jax.eval_shape`'s shapes, since initializing
-costs more than applying on CPU. References: numpy code written from the
-papers' equations, independent of `vit_jax`.
+Paths: the repository (`ROOT`) and its golden files (`DATA`), the same from
+every folder of tests/. Parameters: random draws of `jax.eval_shape`'s
+shapes, since initializing costs more than applying on CPU. References:
+numpy code written from the papers' equations, independent of `vit_jax`.
 """
+
+import os
 
 import jax
 import jax.extend
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, 'tests', 'data')
 
 
 def param_shapes(module, *args, **kw):
