@@ -76,6 +76,19 @@ def patch_embed(images, p, patch):
   return x @ p['kernel'].reshape(-1, p['kernel'].shape[-1]) + p['bias']
 
 
+def smooth_1d(n, channels=5):
+  """Known smooth channels at entry centers (i + .5) / n; two quadratic."""
+  u = (np.arange(n) + .5) / n
+  return np.stack([1 + 2 * u - 3 * u * u, u * u - .5 * u, np.sin(2 * u),
+                   np.cos(3 * u), np.exp(-u)][:channels], -1)
+
+
+def cubic_taps_inside(old, new):
+  """New cells whose four cubic taps (half-pixel centers) lie in the grid."""
+  x = (np.arange(new) + .5) * old / new - .5
+  return (np.floor(x) >= 1) & (np.floor(x) + 2 <= old - 1)
+
+
 def tiny_image_text(config, fmnist_dirs):
   """An image-text config (configs/lit_fmnist.py's or siglip_fmnist.py's)
   on the tests' Fashion-MNIST, with the 'testing' ViT and a one-block text

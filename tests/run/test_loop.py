@@ -3,8 +3,6 @@
 import glob
 import os
 import signal
-import subprocess
-import sys
 
 import chex
 import jax
@@ -12,16 +10,12 @@ import numpy as np
 import optax
 import pytest
 
-from tests import helpers
-from tests.conftest import FAST_COMPILE
 from tests.conftest import interrupt_at
 from tests.conftest import make_tiny_config
 from vit_jax import inference_time
 from vit_jax import train
 from vit_jax.data import pipeline as input_pipeline
-from vit_jax.run import config_checks
 from vit_jax.run import loop
-from vit_jax.run import optim
 from vit_jax.run import sharding
 from vit_jax.tasks import classification
 
@@ -204,28 +198,6 @@ def test_bad_config(tiny_config, tmp_path, key, value, match):
     train.train_and_evaluate(tiny_config, str(tmp_path))
 
 
-def test_warmup_longer_than_a_short_run_is_clamped(tiny_config):
-  """A debug run shorter than the warmup warms up for a tenth of it."""
-  tiny_config.total_steps, tiny_config.warmup_steps = 60, 200
-  config_checks.validate(tiny_config, 8)
-  schedule = optim.make_schedule(tiny_config)
-  assert optim.warmup_steps(tiny_config) == 6
-  np.testing.assert_allclose(float(schedule(6)), tiny_config.base_lr)
-  assert float(schedule(3)) < float(schedule(6)) > float(schedule(30)) > 0
-  tiny_config.warmup_steps = 5
-  assert optim.warmup_steps(tiny_config) == 5
-
-
-def test_cli_rejects_unknown_key(tmp_path):
-  result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
-       f'--workdir={tmp_path}', '--config.learning_rate=0.1'],
-      capture_output=True, text=True, timeout=120,
-      cwd=helpers.ROOT)
-  assert result.returncode != 0
-  assert 'learning_rate' in result.stderr
-
-
 def test_exports_npz_in_the_original_format(reference):
   _, workdir, params = reference
   on_disk = np.load(f'{workdir}/testing.npz', allow_pickle=False)
@@ -268,45 +240,6 @@ def test_inference_time(tiny_config, tmp_path, capsys):
   img_s = inference_time.inference_time(tiny_config, str(tmp_path), steps=2)
   assert img_s > 0
   assert 'testing at 32x32, batch 8' in capsys.readouterr().out
-
-
-def _main_command(workdir, fmnist_dirs, total_steps):
-  manual, data = fmnist_dirs
-  return [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
-          f'--workdir={workdir}', f'--config.tfds_manual_dir={manual}',
-          f'--config.tfds_data_dir={data}', '--config.batch=32',
-          f'--config.total_steps={total_steps}', '--config.warmup_steps=5',
-          '--config.checkpoint_every=20', '--config.progress_every=10',
-          '--config.evals.test.every=0', '--config.shuffle_buffer=100',
-          # One block: resuming does not depend on the depth.
-          '--config.model.transformer.num_layers=1']
-
-
-def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
-  """The README's promise, end to end: SIGKILL mid-run, same command again."""
-  root = helpers.ROOT
-  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)  # one device, as a user has
-  steps = 100  # killed at 50, resumed from the checkpoint of step 40
-  subprocess.run(_main_command(tmp_path / 'ref', fmnist_dirs, steps),
-                 check=True, cwd=root, env=env, capture_output=True,
-                 timeout=300)
-
-  command = _main_command(tmp_path / 'run', fmnist_dirs, steps)
-  proc = subprocess.Popen(command, cwd=root, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-  for line in proc.stdout:
-    if line.startswith('[50/'):
-      proc.kill()  # SIGKILL: no chance to save anything
-      break
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
-  rerun = subprocess.run(command, check=True, cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)
-  assert 'Resuming from step ' in rerun.stdout
-  assert 'Done: 100 steps' in rerun.stdout
-
-  helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
-                           tmp_path / 'ref' / 'ViT-fmnist.npz')
 
 
 def test_trains_a_mixer(tiny_config, tmp_path):
@@ -357,29 +290,6 @@ def test_fsdp_equals_replicated(tiny_config, tmp_path):
   for x in big:
     assert x.addressable_shards[0].data.size * 8 == x.size
   assert state.step.sharding.is_fully_replicated
-
-
-def test_momentum_dtype_sets_the_optimizer_state(tiny_config):
-  params = {'w': np.zeros((4, 3), np.float32)}
-  dtypes = {}
-  for optimizer in ('sgd', 'adamw'):
-    for dtype in ('float32', 'bfloat16'):
-      tiny_config.optimizer, tiny_config.momentum_dtype = optimizer, dtype
-      state = optim.make_optimizer(tiny_config).init(params)
-      dtypes[optimizer, dtype] = sorted(
-          {str(x.dtype) for x in jax.tree.leaves(state) if x.ndim})
-  # AdamW's second moment stays float32.
-  assert dtypes['sgd', 'float32'] == ['float32']
-  assert dtypes['sgd', 'bfloat16'] == ['bfloat16']
-  assert dtypes['adamw', 'float32'] == ['float32']
-  assert dtypes['adamw', 'bfloat16'] == ['bfloat16', 'float32']
-  state = optim.make_optimizer(tiny_config).init(params)
-  assert optax.tree_utils.tree_get(state, 'mu')['w'].dtype == jax.numpy.bfloat16
-  assert optax.tree_utils.tree_get(state, 'nu')['w'].dtype == np.float32
-  # Accumulating micro-batches adds a float32 sum of the gradients.
-  tiny_config.accum_steps = 2
-  state = optim.make_optimizer(tiny_config).init(params)
-  assert state.acc_grads['w'].dtype == np.float32
 
 
 def test_bf16_momentum_trains_like_float32(reference, tmp_path):
