@@ -1,13 +1,19 @@
-"""Helpers shared by the model and checkpoint tests.
+"""Helpers shared by the tests.
 
-Parameters: random draws of `jax.eval_shape`'s shapes, since initializing
-costs more than applying on CPU. References: numpy code written from the
-papers' equations, independent of `vit_jax`.
+Paths: the repository (`ROOT`) and its golden files (`DATA`), the same from
+every folder of tests/. Parameters: random draws of `jax.eval_shape`'s
+shapes, since initializing costs more than applying on CPU. References:
+numpy code written from the papers' equations, independent of `vit_jax`.
 """
+
+import os
 
 import jax
 import jax.extend
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, 'tests', 'data')
 
 
 def param_shapes(module, *args, **kw):
@@ -68,6 +74,19 @@ def patch_embed(images, p, patch):
   x = images.reshape(n, gh, patch, gw, patch, c).transpose(0, 1, 3, 2, 4, 5)
   x = x.reshape(n, gh * gw, patch * patch * c)
   return x @ p['kernel'].reshape(-1, p['kernel'].shape[-1]) + p['bias']
+
+
+def smooth_1d(n, channels=5):
+  """Known smooth channels at entry centers (i + .5) / n; two quadratic."""
+  u = (np.arange(n) + .5) / n
+  return np.stack([1 + 2 * u - 3 * u * u, u * u - .5 * u, np.sin(2 * u),
+                   np.cos(3 * u), np.exp(-u)][:channels], -1)
+
+
+def cubic_taps_inside(old, new):
+  """New cells whose four cubic taps (half-pixel centers) lie in the grid."""
+  x = (np.arange(new) + .5) * old / new - .5
+  return (np.floor(x) >= 1) & (np.floor(x) + 2 <= old - 1)
 
 
 def tiny_image_text(config, fmnist_dirs):

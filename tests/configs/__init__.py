@@ -1,0 +1,1 @@
+"""Tests of the experiment configs (vit_jax/configs)."""

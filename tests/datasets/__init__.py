@@ -1,0 +1,1 @@
+"""Tests of vit_jax/data (tests/data holds the golden files)."""

@@ -1,0 +1,184 @@
+"""Errors a user can fix read as a line or two, with the closest names."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import helpers
+from vit_jax import models
+from vit_jax.data import pipeline as input_pipeline
+from vit_jax.run import tf_startup
+
+ROOT = helpers.ROOT
+
+
+# oneDNN's custom ops on, as AVX-512 CPUs have them by default: TensorFlow's
+# import then writes its C++ start-up lines, which must not reach the user.
+ONEDNN = dict(os.environ, TF_ENABLE_ONEDNN_OPTS='1')
+
+
+def _run(*args, **kw):
+  kw.setdefault('env', ONEDNN)
+  return subprocess.run([sys.executable, *args], capture_output=True,
+                        text=True, timeout=300, cwd=ROOT, **kw)
+
+
+def _main(tmp_path, *flags):
+  return _run('-m', 'vit_jax.main', '--config=configs/default.py',
+              f'--workdir={tmp_path}/w', *flags)
+
+
+@pytest.mark.parametrize('flag,message', [
+    ('--config.foo=1', "Unknown config key 'foo'; expected one of "),
+    ('--config.pp.crp=3', "Unknown config key 'pp.crp'; did you mean pp.crop"),
+    ('--config.evals.tset.every=3', "'evals.tset'; did you mean evals.test"),
+    ('--config.batch=abc', 'flag --config.batch=abc: invalid literal'),
+])
+def test_bad_config_flag_is_one_line(tmp_path, flag, message):
+  result = _main(tmp_path, flag)
+  assert result.returncode == 1
+  lines = result.stderr.splitlines()
+  assert len(lines) == 2, result.stderr
+  assert lines[0].startswith('Error: ') and message in lines[0]
+  assert lines[1] == 'Pass --helpfull to see the flags.'
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_tensorflow_import_is_quiet():
+  """TensorFlow's start-up lines are filtered out, by whichever module
+  imports it first; other lines written to stderr meanwhile pass."""
+  result = _run('-c', 'import vit_jax, clu.metric_writers, tensorflow')
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  plain = _run('-c', 'import tensorflow')  # without vit_jax: the lines
+  assert 'oneDNN custom operations are on' in plain.stderr
+
+
+def test_filtered_stderr_keeps_what_is_not_noise(capfd):
+  with tf_startup.filtered_stderr():
+    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is '
+             b'called are written to STDERR\n'
+             b'I0000 00:00:1796157084.382262    2123 port.cc:153] oneDNN\n'
+             b'W0000 00:00:1796157084.4    2123 cpu_feature_guard.cc:227] x\n'
+             b'To enable the following instructions: AVX2, in other\n'
+             b'E0000 00:00:1796157084.5    2123 foo.cc:1] a real error\n'
+             b'Traceback (most recent call last):\n')
+  assert capfd.readouterr().err == (
+      'E0000 00:00:1796157084.5    2123 foo.cc:1] a real error\n'
+      'Traceback (most recent call last):\n')
+
+
+@pytest.mark.parametrize('flag', [
+    '--config.foo=1', '--config.trainer=trian', '--config.optimizer=adamx',
+    '--config.pretrained_path=missing.npz'])
+def test_config_errors_come_before_tensorflow(tmp_path, flag):
+  """A bad key, value or file is said before the data stack is imported."""
+  code = textwrap.dedent(f'''
+      import runpy, sys
+      sys.argv = ['main', '--config=configs/default.py',
+                  '--workdir={tmp_path}/w', {flag!r}]
+      try:
+        runpy.run_module('vit_jax.main', run_name='__main__')
+      except SystemExit as e:
+        print(e.code, 'tensorflow' in sys.modules)
+  ''')
+  result = _run('-c', code)
+  assert result.stdout.split() == ['1', 'False'], result.stderr
+  assert result.stderr.startswith('Error: '), result.stderr
+  assert not os.path.exists(tmp_path / 'w')
+
+
+def test_unknown_dataset_names_the_closest(tmp_path):
+  result = _main(tmp_path, '--config.dataset=cifar11')
+  assert result.returncode == 1
+  assert "Unknown dataset 'cifar11'; did you mean" in result.stderr
+  assert 'cifar10' in result.stderr
+  assert len(result.stderr.strip().splitlines()) <= 2, result.stderr
+  assert not os.path.exists(tmp_path / 'w')  # no empty workdir left
+
+
+def test_unknown_dataset_error(tiny_config):
+  tiny_config.dataset = 'fashion_mnist_locl'
+  with pytest.raises(ValueError, match='did you mean fashion_mnist_local'):
+    input_pipeline.get_builder(tiny_config)
+
+
+def test_unknown_preset_names_the_closest():
+  with pytest.raises(ValueError, match="'ViT-Ti16'; did you mean ViT-Ti_16"):
+    models.get_model('ViT-Ti16')
+  with pytest.raises(KeyError):  # still a KeyError for dict-minded callers
+    models.MODEL_CONFIGS['ViT-Ti16']  # pylint: disable=pointless-statement
+  result = _run('-m', 'vit_jax.models', '--name=ViT-Ti16')
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      "Error: Unknown model preset 'ViT-Ti16'; did you mean ViT-Ti_16, ")
+
+
+def test_traceback_only_with_verbosity(tmp_path):
+  script = tmp_path / 'tool.py'
+  script.write_text(textwrap.dedent('''
+      from vit_jax import cli
+      def main(argv):
+        raise FileNotFoundError('x.npz: no such file.')
+      cli.run(main)
+  '''))
+  quiet = _run(str(script))
+  assert quiet.returncode == 1
+  assert quiet.stderr.strip() == 'Error: x.npz: no such file.'
+  loud = _run(str(script), '--verbosity=1')
+  assert loud.returncode != 0 and 'Traceback' in loud.stderr
+
+
+def test_models_cli_needs_no_compute():
+  result = _run('-m', 'vit_jax.models', '--name=ViT-L_16')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == ('ViT-L_16: 304,326,632 parameters; images '
+                                   '(2, 224, 224, 3) -> logits (2, 1000)')
+  assert 'Unable to initialize backend' not in result.stderr
+
+
+def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
+  """Two processes preparing the same dataset at once both succeed."""
+  manual, _ = fmnist_dirs
+  code = textwrap.dedent(f'''
+      import time
+      import ml_collections
+      from vit_jax.data import pipeline as input_pipeline
+      from vit_jax.data import local_datasets
+      # Slow enough that the two preparations overlap.
+      generate = local_datasets.FashionMnistLocal._generate_examples
+      def slow(self, *args):
+        for example in generate(self, *args):
+          time.sleep(0.02)
+          yield example
+      local_datasets.FashionMnistLocal._generate_examples = slow
+      config = ml_collections.ConfigDict(dict(
+          dataset='fashion_mnist_local', tfds_data_dir={str(tmp_path)!r},
+          tfds_manual_dir={manual!r}, tfds_download=False))
+      builder = input_pipeline.get_builder(config)
+      print(builder.info.splits['train'].num_examples)
+  ''')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', CUDA_VISIBLE_DEVICES='')
+  procs = [subprocess.Popen([sys.executable, '-c', code], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for _ in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-2000:]
+    assert out.strip().splitlines()[-1] == '96'
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path):
+  bad = tmp_path / 'bad.npz'
+  bad.write_bytes(b'PK\x03\x04 not really a zip archive')
+  image = os.path.join(ROOT, 'tests', 'data', 'predict_image.jpg')
+  result = _run('-m', 'vit_jax.predict', '--model_name=testing',
+                f'--checkpoint={bad}', image)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f'Error: Cannot read checkpoint {bad}: not an '
+                             '.npz archive, or truncated or corrupt')

@@ -1,0 +1,59 @@
+"""`python -m vit_jax.main` as a user runs it: unknown config keys refused,
+and kill -9 mid-run, then the same command, ends as an uninterrupted run."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests import helpers
+from tests.conftest import FAST_COMPILE
+
+
+def test_cli_rejects_unknown_key(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
+       f'--workdir={tmp_path}', '--config.learning_rate=0.1'],
+      capture_output=True, text=True, timeout=120,
+      cwd=helpers.ROOT)
+  assert result.returncode != 0
+  assert 'learning_rate' in result.stderr
+
+
+def _main_command(workdir, fmnist_dirs, total_steps):
+  manual, data = fmnist_dirs
+  return [sys.executable, '-m', 'vit_jax.main', '--config=configs/default.py',
+          f'--workdir={workdir}', f'--config.tfds_manual_dir={manual}',
+          f'--config.tfds_data_dir={data}', '--config.batch=32',
+          f'--config.total_steps={total_steps}', '--config.warmup_steps=5',
+          '--config.checkpoint_every=20', '--config.progress_every=10',
+          '--config.evals.test.every=0', '--config.shuffle_buffer=100',
+          # One block: resuming does not depend on the depth.
+          '--config.model.transformer.num_layers=1']
+
+
+def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
+  """The README's promise, end to end: SIGKILL mid-run, same command again."""
+  root = helpers.ROOT
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)  # one device, as a user has
+  steps = 100  # killed at 50, resumed from the checkpoint of step 40
+  subprocess.run(_main_command(tmp_path / 'ref', fmnist_dirs, steps),
+                 check=True, cwd=root, env=env, capture_output=True,
+                 timeout=300)
+
+  command = _main_command(tmp_path / 'run', fmnist_dirs, steps)
+  proc = subprocess.Popen(command, cwd=root, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+  for line in proc.stdout:
+    if line.startswith('[50/'):
+      proc.kill()  # SIGKILL: no chance to save anything
+      break
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  rerun = subprocess.run(command, check=True, cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+  assert 'Resuming from step ' in rerun.stdout
+  assert 'Done: 100 steps' in rerun.stdout
+
+  helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
+                           tmp_path / 'ref' / 'ViT-fmnist.npz')

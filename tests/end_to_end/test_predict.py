@@ -1,0 +1,204 @@
+"""`python -m vit_jax.predict`, against timm.
+
+timm's probabilities of tests/data/predict_image.jpg come from
+scripts/make_predict_golden.py (torch and timm); these tests need neither.
+PIL decodes the JPEG here as it did there (pillow is pinned).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+import pytest
+
+from tests import helpers
+from tests.helpers import random_params
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax import predict
+from vit_jax.convert import transform as preprocess
+
+
+ROOT = helpers.ROOT
+DATA = helpers.DATA
+IMAGE = os.path.join(DATA, 'predict_image.jpg')  # 300 x 200
+GOLDEN = np.load(os.path.join(DATA, 'timm_predict.npz'))
+with open(os.path.join(DATA, 'timm_predict.transform.json')) as f:
+  RECORD = json.load(f)
+SQUASH_FLAGS = ['--crop_mode=squash', '--crop_pct=1', '--interpolation=bilinear',
+                '--mean=0.5', '--std=0.5']
+
+
+def _checkpoint(tmp_path, num_classes, size=48, **kw):
+  """A random 'testing' ViT at `size` px with a head of `num_classes`."""
+  model = models.get_model('testing', num_classes=num_classes, **kw)
+  params = random_params(model, jnp.zeros((1, size, size, 3)), train=False,
+                         scale=0.3)
+  path = tmp_path / f'testing_{num_classes}.npz'
+  checkpoint.save(params, path)
+  return path, model, params
+
+
+@pytest.fixture(scope='module')
+def timm_npz(tmp_path_factory):
+  """The golden timm ViT converted to .npz, with timm's transform beside."""
+  path = tmp_path_factory.mktemp('timm') / 'timm_predict.npz'
+  subprocess.run(
+      [sys.executable, '-m', 'vit_jax.convert', '--model_name=testing',
+       os.path.join(DATA, 'timm_predict_vit.safetensors'), str(path)],
+      check=True, capture_output=True, timeout=300, cwd=ROOT)
+  shutil.copy(os.path.join(DATA, 'timm_predict.transform.json'),
+              preprocess.transform_path(path))
+  return path
+
+
+def _predict_cli(*args):
+  return subprocess.run(
+      [sys.executable, '-m', 'vit_jax.predict', *map(str, args)],
+      capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _top5(stdout_lines):
+  """[(probability, name)] of the five lines after an image's path."""
+  return [(float(line.split()[0]), line.split('  ', 2)[2])
+          for line in stdout_lines[1:6]]
+
+
+def _assert_top5_is(stdout, probs, atol):
+  """The five lines after the image's path are `probs`' top five."""
+  want = np.argsort(-probs)[:5]
+  top5 = _top5(stdout.splitlines())
+  assert [name for _, name in top5] == [str(i) for i in want]
+  np.testing.assert_allclose([p for p, _ in top5], probs[want], atol=atol)
+
+
+def test_class_names_ship_with_the_package():
+  names = predict.class_names(1000)
+  assert len(names) == 1000 and names[207] == 'golden retriever'
+  assert names[0] == 'tench, Tinca tinca'
+  assert len(predict.class_names(21843)) == 21843
+  assert predict.class_names(3) == ['0', '1', '2']
+
+
+def test_image_size_from_the_position_embedding(tmp_path):
+  path, _, _ = _checkpoint(tmp_path, 5, size=48)  # 3x3 patches of 16
+  _, params, size = predict.load_classifier('testing', str(path))
+  assert size == 48
+  hybrid = models.get_model('R+ViT-Ti_16', num_classes=2)
+  shapes = jax.eval_shape(lambda: hybrid.init(
+      jax.random.key(0), jnp.zeros((1, 96, 96, 3)), train=False))['params']
+  assert predict.image_size(shapes, models.MODEL_CONFIGS['R+ViT-Ti_16']) == 96
+  assert params['head']['kernel'].shape == (10, 5)
+
+
+def test_probabilities_match_timm(timm_npz):
+  """timm's transform and exact GELU, from the record, give timm's
+  probabilities; the tanh GELU of Google's checkpoints does not."""
+  model, params, size = predict.load_classifier(
+      'testing', str(timm_npz), preprocess.recorded_size(RECORD), RECORD)
+  image = predict.read_image(IMAGE, preprocess.resolve(size, RECORD))
+  probs = predict.predict(model, params, [image])[0]
+  np.testing.assert_allclose(probs, GOLDEN['center_probs'], atol=1e-5)
+  tanh_model, _, _ = predict.load_classifier('testing', str(timm_npz))
+  tanh = predict.predict(tanh_model, params, [image])[0]
+  assert np.abs(tanh - GOLDEN['center_probs']).max() > 1e-5
+
+
+def test_size_resizes_the_position_embedding(tmp_path, capfd):
+  path, _, _ = _checkpoint(tmp_path, 4, size=48)  # a 3x3 grid
+  model, params, size = predict.load_classifier('testing', str(path), 96)
+  assert size == 96
+  assert 'resized pos_embedding from (1, 10, 10) to (1, 37, 10)' in (
+      capfd.readouterr().err)
+  probs = predict.predict(model, params, [predict.read_image(IMAGE, 96)])[0]
+  assert probs.shape == (4,) and abs(probs.sum() - 1) < 1e-5
+
+
+def test_command_line_uses_the_record(timm_npz, tmp_path):
+  (tmp_path / 'notes.txt').write_text('not an image')
+  result = _predict_cli('--model_name=testing', f'--checkpoint={timm_npz}',
+                        IMAGE, tmp_path / 'notes.txt', tmp_path / 'missing.jpg')
+  assert result.returncode == 1, result.stderr  # two files failed
+  out = result.stdout.splitlines()
+  assert out[0] == f'{IMAGE}:' and len(out) == 6
+  _assert_top5_is(result.stdout, GOLDEN['center_probs'], atol=1e-4)
+  assert ('Preprocessing: resize short side to 73 (bicubic), center crop 64, '
+          'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
+          '[from timm_predict.transform.json]\n') in result.stderr
+  assert 'notes.txt is not an image' in result.stderr
+  assert 'missing.jpg: no such file' in result.stderr
+
+
+def test_flags_override_the_record(timm_npz):
+  result = _predict_cli('--model_name=testing', f'--checkpoint={timm_npz}',
+                        *SQUASH_FLAGS, IMAGE)
+  assert result.returncode == 0, result.stderr
+  _assert_top5_is(result.stdout, GOLDEN['squash_probs'], atol=1e-4)
+  assert ('Preprocessing: resize to 64 x 64 (bilinear), mean (0.5, 0.5, 0.5), '
+          'std (0.5, 0.5, 0.5) [from timm_predict.transform.json; '
+          '--crop_pct, --crop_mode, --interpolation, --mean, --std given]'
+          ) in result.stderr
+
+
+def test_bare_timm_file_predicts_as_timm(tmp_path):
+  """Weights without config.json are recorded with timm's eval transform;
+  `--crop_pct` and `--interpolation` then give timm's `create_transform`
+  with those two arguments."""
+  npz = tmp_path / 'bare.npz'
+  subprocess.run(
+      [sys.executable, '-m', 'vit_jax.convert',
+       os.path.join(DATA, 'timm_predict_vit.safetensors'), str(npz)],
+      check=True, capture_output=True, timeout=300, cwd=ROOT)
+  result = _predict_cli('--model_name=testing', f'--checkpoint={npz}',
+                        '--crop_pct=0.9', '--interpolation=bicubic', IMAGE)
+  assert result.returncode == 0, result.stderr
+  _assert_top5_is(result.stdout, GOLDEN['bare_probs'], atol=1e-3)
+  assert ('Preprocessing: resize short side to 71 (bicubic), center crop 64, '
+          'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
+          '[from bare.transform.json; --crop_pct, --interpolation given]'
+          ) in result.stderr
+  np.testing.assert_allclose(
+      preprocess.prepare(IMAGE, preprocess.resolve(
+          64, preprocess.load_transform(npz), crop_pct=0.9)),
+      GOLDEN['bare'], atol=1e-6)
+
+
+def test_command_line_without_a_record(tmp_path):
+  path, _, _ = _checkpoint(tmp_path, 1000)
+  rng = np.random.default_rng(1)
+  Image.fromarray(rng.integers(0, 256, (30, 30), np.uint8)).save(
+      tmp_path / 'gray.png')
+  result = _predict_cli('--model_name=testing', f'--checkpoint={path}',
+                        '--size=64', tmp_path / 'gray.png')
+  assert result.returncode == 0, result.stderr
+  out = result.stdout.splitlines()
+  assert out[0].endswith('gray.png:') and len(out) == 6
+  probs = [p for p, _ in _top5(out)]
+  assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+  assert all(name in predict.class_names(1000) for _, name in _top5(out))
+  assert ('Preprocessing: resize to 64 x 64 (bilinear), mean (0.5, 0.5, 0.5), '
+          "std (0.5, 0.5, 0.5) [the original release's: no .transform.json "
+          'beside the checkpoint]') in result.stderr
+  assert 'resized pos_embedding from (1, 10, 10) to (1, 17, 10)' in (
+      result.stderr)
+
+
+def test_unknown_model_name(tmp_path):
+  path, _, _ = _checkpoint(tmp_path, 3)
+  with pytest.raises(ValueError, match="Unknown model 'testin'; did you mean "
+                     'testing'):
+    predict.load_classifier('testin', str(path))
+
+
+def test_labels_file_must_match_the_head(tmp_path):
+  labels = tmp_path / 'labels.txt'
+  labels.write_text('cat\ndog\n')
+  assert predict.class_names(2, str(labels)) == ['cat', 'dog']
+  with pytest.raises(ValueError, match='names 2 classes, but the head has 3'):
+    predict.class_names(3, str(labels))

@@ -1,0 +1,1 @@
+"""Tests of vit_jax/evaluators."""

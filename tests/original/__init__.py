@@ -1,0 +1,1 @@
+"""The original release's API and its notebook."""

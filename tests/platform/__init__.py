@@ -1,0 +1,2 @@
+"""Tests of the devices a program runs on: the mesh (run/sharding.py),
+target.py, and plan.py's TPU slices."""

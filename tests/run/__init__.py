@@ -1,0 +1,1 @@
+"""Tests of vit_jax/run: the loop, the optimizer, the run record and config."""
