@@ -24,10 +24,10 @@ setuptools.setup(
     install_requires=requirements,
     extras_require={
         'test': ['pytest==9.0.3', 'pytest-xdist==3.8.0', 'safetensors==0.8.0',
-                 'scikit-learn==1.9.1',  # tests/test_fewshot.py's reference
+                 'scikit-learn==1.9.1',  # tests/evaluators/test_fewshot.py's reference
                  # Notebooks run in the tests (papermill, SMOKE = True).
                  'papermill==2.7.0', 'ipykernel==7.4.0',
-                 # tests/test_original_notebook.py runs a notebook directly.
+                 # tests/original/test_notebook.py runs a notebook directly.
                  'nbclient==0.11.0', 'nbformat==5.11.1',
                  'ipython==9.18.1'],  # notebooks' IPython.display
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.

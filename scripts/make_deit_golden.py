@@ -15,7 +15,7 @@ deit_tiny_distilled_patch16_224 (1000 classes, 224 px) to DIR, with its
 logits in DIR/logits.npz, for a check outside CI:
 
   python scripts/make_deit_golden.py --full_size /tmp/deit_full
-  VIT_JAX_DEIT_FULL=/tmp/deit_full pytest tests/test_convert.py -k full_size
+  VIT_JAX_DEIT_FULL=/tmp/deit_full pytest tests/convert/test_converter.py -k full_size
 """
 
 import argparse

@@ -29,7 +29,7 @@ deit3_small_patch16_224, vit_base_patch16_224.mae) with their outputs in
 DIR/golden.npz (DINOv2-S also at 224 px), for a check outside CI:
 
   python scripts/make_ssl_golden.py --full_size /tmp/ssl_full
-  VIT_JAX_SSL_FULL=/tmp/ssl_full pytest tests/test_convert_ssl.py -k full_size
+  VIT_JAX_SSL_FULL=/tmp/ssl_full pytest tests/convert/test_ssl.py -k full_size
 """
 
 import argparse

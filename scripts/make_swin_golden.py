@@ -22,7 +22,7 @@ and its logits on 224 px images in DIR/golden.npz, for the check by hand:
   python scripts/make_swin_golden.py --full_size /tmp/swin_full
   python -m vit_jax.convert --model_name=Swin-T \
       /tmp/swin_full/swin_t.safetensors /tmp/swin_full/swin_t.npz
-  VIT_JAX_SWIN_FULL=/tmp/swin_full pytest tests/test_convert_swin.py -k full
+  VIT_JAX_SWIN_FULL=/tmp/swin_full pytest tests/convert/test_swin.py -k full
 """
 
 import argparse

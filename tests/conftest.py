@@ -32,7 +32,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from vit_jax.configs import common
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 
 def write_idx(path, array):
@@ -126,7 +126,7 @@ def make_tiny_config(fmnist_dirs):
 def interrupt_at(monkeypatch, batch_index, action):
   """Runs `action(batch)` when the training stream hands out batch
   `batch_index` (a crash, a SIGTERM, a poisoned batch)."""
-  original = input_pipeline.train_iterator
+  original = pipeline.train_iterator
 
   def wrapped(*args, **kw):
     for i, batch in enumerate(original(*args, **kw)):
@@ -134,7 +134,7 @@ def interrupt_at(monkeypatch, batch_index, action):
         action(batch)
       yield batch
 
-  monkeypatch.setattr(input_pipeline, 'train_iterator', wrapped)
+  monkeypatch.setattr(pipeline, 'train_iterator', wrapped)
 
 
 def pytest_collection_modifyitems(items):

@@ -93,11 +93,11 @@ def tiny_image_text(config, fmnist_dirs):
   """An image-text config (configs/lit_fmnist.py's or siglip_fmnist.py's)
   on the tests' Fashion-MNIST, with the 'testing' ViT and a one-block text
   tower."""
-  from vit_jax.models import presets  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import registry  # pylint: disable=g-import-not-at-top
   with config.unlocked():
     config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
     config.pp.crop = 32
-    config.model.image = presets.MODEL_CONFIGS['testing'].to_dict()
+    config.model.image = registry.MODEL_CONFIGS['testing'].to_dict()
     config.model.text = dict(width=16, num_layers=1, mlp_dim=32, num_heads=2,
                              vocab_size=256)
     config.model.pp.max_len = 8

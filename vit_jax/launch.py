@@ -32,7 +32,9 @@ def _task_class(config):
     return registry.TASKS[config.trainer]
   if config.trainer in EVALUATIONS:
     return registry.evaluating(config)
-  raise ValueError(cli.closest(config.trainer, trainers(), 'config.trainer'))
+  hint = cli.closest(config.trainer, trainers(), 'config.trainer')
+  raise ValueError(f'config.trainer={config.trainer!r}; expected one of '
+                   f'{trainers()}; {hint.split("; ")[-1]}')
 
 
 def check(config, mesh=None):

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import models
 from vit_jax.analysis import attention
 from vit_jax.analysis import embeddings
 from vit_jax.analysis import figures
 from vit_jax.analysis import paper_figures
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 
 ROOT = helpers.ROOT
 
@@ -89,7 +89,7 @@ def test_recorded_weights_match_numpy_attention(scan):
   if scan:  # the same parameters, stacked
     model = models.get_model('testing', num_classes=3, transformer=dict(
         models.MODEL_CONFIGS['testing'].transformer, scan=True))
-    params = checkpoint.scan_like(params, helpers.param_shapes(
+    params = files.scan_like(params, helpers.param_shapes(
         model, images[:1], train=False))
   weights = attention.attention_weights(model, params, images)
 
@@ -443,7 +443,7 @@ def test_figures_module_keeps_the_callers_backend():
 
 def test_command_line(tmp_path):
   model, params, _ = _testing_model()
-  checkpoint.save(params, tmp_path / 'testing.npz')
+  files.save(params, tmp_path / 'testing.npz')
   # A backend that cannot load: the command must choose its own (Agg).
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu',
              MPLBACKEND='module://no_such_backend')
@@ -474,7 +474,7 @@ def test_command_line_skips_class_token_attention_with_a_note(tmp_path):
   model = models.get_model('testing-unpooled', num_classes=3)
   params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
                                  train=False)
-  checkpoint.save(params, tmp_path / 'unpooled.npz')
+  files.save(params, tmp_path / 'unpooled.npz')
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
   out = subprocess.run(
       [sys.executable, '-m', 'vit_jax.analysis',
@@ -491,8 +491,8 @@ def test_command_line_prepares_images_as_predict(tmp_path):
   """Image files go through the checkpoint's recorded transform and the
   flags, as in `predict`, and the choice is said on stderr."""
   _, params, _ = _testing_model()
-  checkpoint.save(params, tmp_path / 'testing.npz')
-  preprocess.save_transform(tmp_path / 'testing.npz', {
+  files.save(params, tmp_path / 'testing.npz')
+  transform.save_transform(tmp_path / 'testing.npz', {
       'input_size': [3, 32, 32], 'crop_pct': 0.5, 'interpolation': 'bicubic',
       'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]})
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')

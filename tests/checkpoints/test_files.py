@@ -24,7 +24,9 @@ from tests.checkpoints.common import _random_params
 from tests.checkpoints.common import _shapes
 from tests.checkpoints.common import _transformer
 from tests.checkpoints.common import _without
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
+from vit_jax import checkpoint  # the original's helpers: load_pretrained
 
 
 LINEN_BLOCK = ('LayerNorm_0', 'MultiHeadDotProductAttention_0', 'LayerNorm_1',
@@ -65,8 +67,8 @@ def test_round_trip_same_arrays_and_outputs(tmp_path):
   model = _model(representation_size=4)
   params = _random_params(model)
   path = tmp_path / 'ckpt.npz'
-  checkpoint.save(params, path)
-  loaded = checkpoint.load(path)
+  files.save(params, path)
+  loaded = files.load(path)
   _assert_trees_equal(loaded, params)
   assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(loaded))
   before = _apply(model, params, (32, 32))
@@ -80,7 +82,7 @@ def test_saved_file_uses_published_names(tmp_path):
   params = _random_params(_model(
       transformer=dict(num_layers=2, mlp_dim=8, num_heads=2)))
   path = tmp_path / 'ckpt.npz'
-  checkpoint.save(params, str(path))
+  files.save(params, str(path))
   with np.load(path, allow_pickle=False) as f:
     keys = set(f.files)
     assert f['Transformer/encoderblock_1/LayerNorm_2/scale'].shape == (10,)
@@ -110,7 +112,7 @@ def test_load_hand_made_file(tmp_path, names):
   }
   path = tmp_path / 'hand.npz'
   np.savez(path, **_flat(tree))
-  loaded = checkpoint.load(path)
+  loaded = files.load(path)
   _assert_trees_equal(loaded, {
       'Transformer': {'encoderblock_0': _block(1.),
                       'encoder_norm': {'scale': np.ones(4, np.float32)}},
@@ -127,12 +129,12 @@ def test_more_than_ten_blocks(tmp_path):
                           for i in range(12)}}
   path = tmp_path / 'deep.npz'
   np.savez(path, **_flat(tree))
-  loaded = checkpoint.load(path)['Transformer']
+  loaded = files.load(path)['Transformer']
   assert set(loaded) == {f'encoderblock_{i}' for i in range(12)}
   for i in range(12):
     _assert_trees_equal(loaded[f'encoderblock_{i}'], _block(float(i)))
   # And back: every block gets the published names.
-  checkpoint.save({'Transformer': loaded}, tmp_path / 'again.npz')
+  files.save({'Transformer': loaded}, tmp_path / 'again.npz')
   with np.load(tmp_path / 'again.npz') as f:
     assert set(f.files) == set(_flat(tree))
     np.testing.assert_array_equal(
@@ -144,11 +146,11 @@ def test_other_dicts_keep_their_names(tmp_path):
   tree = {'MixerBlock_0': {'LayerNorm_0': {'scale': np.ones(2)},
                            'LayerNorm_1': {'scale': np.zeros(2)}},
           'Dense_0': {'kernel': np.ones((2, 2))}}
-  checkpoint.save(tree, tmp_path / 'm.npz')
+  files.save(tree, tmp_path / 'm.npz')
   with np.load(tmp_path / 'm.npz') as f:
     assert set(f.files) == {'MixerBlock_0/LayerNorm_0/scale',
                             'MixerBlock_0/LayerNorm_1/scale', 'Dense_0/kernel'}
-  _assert_trees_equal(checkpoint.load(tmp_path / 'm.npz'), tree)
+  _assert_trees_equal(files.load(tmp_path / 'm.npz'), tree)
 
 
 def test_groupnorm_shapes(tmp_path):
@@ -163,15 +165,15 @@ def test_groupnorm_shapes(tmp_path):
                            'gn_proj': {'scale': vec(), 'bias': vec()},
                            'conv1': {'kernel': conv}}}}}
   path = tmp_path / 'hybrid.npz'
-  checkpoint.save(tree, path)
+  files.save(tree, path)
   with np.load(path) as f:
-    files = {k: f[k] for k in f.files}
+    stored = {k: f[k] for k in f.files}
   for key in ('resnet/gn_root/scale', 'resnet/block1/unit1/gn1/bias',
               'resnet/block1/unit1/gn_proj/scale'):
-    assert files[key].shape == (1, 1, 1, c)
-    np.testing.assert_array_equal(files[key].ravel(), _flat(tree)[key])
-  assert files['resnet/block1/unit1/conv1/kernel'].shape == (1, 1, 3, c)
-  _assert_trees_equal(checkpoint.load(path), tree)
+    assert stored[key].shape == (1, 1, 1, c)
+    np.testing.assert_array_equal(stored[key].ravel(), _flat(tree)[key])
+  assert stored['resnet/block1/unit1/conv1/kernel'].shape == (1, 1, 3, c)
+  _assert_trees_equal(files.load(path), tree)
 
 
 # Errors.
@@ -183,21 +185,21 @@ def test_truncated_and_corrupt_files(pretrained, tmp_path):
   truncated = tmp_path / 'truncated.npz'
   truncated.write_bytes(data[:len(data) // 2])
   with pytest.raises(
-      checkpoint.CheckpointError,
+      files.CheckpointError,
       match=re.escape(str(truncated)) + '.*truncated or corrupt'):
-    checkpoint.load(truncated)
+    files.load(truncated)
   corrupt = tmp_path / 'corrupt.npz'
   broken = bytearray(data)
   start = data.index(b'\x93NUMPY') + 200  # inside the first array's data
   broken[start:start + 40] = bytes(40)
   corrupt.write_bytes(bytes(broken))
-  with pytest.raises(checkpoint.CheckpointError,
+  with pytest.raises(files.CheckpointError,
                      match=re.escape(str(corrupt))):
-    checkpoint.load(corrupt)
+    files.load(corrupt)
   empty = tmp_path / 'empty.npz'
   empty.write_bytes(b'')
-  with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(empty))):
-    checkpoint.load(empty)
+  with pytest.raises(files.CheckpointError, match=re.escape(str(empty))):
+    files.load(empty)
 
 
 def test_pickled_object_array_is_refused(tmp_path):
@@ -205,19 +207,19 @@ def test_pickled_object_array_is_refused(tmp_path):
   np.savez(path, cls=np.zeros(3), **{'head/kernel': np.array([{'a': 1}],
                                                               dtype=object)})
   with pytest.raises(
-      checkpoint.CheckpointError,
+      files.CheckpointError,
       match=f"'head/kernel' from checkpoint {re.escape(str(path))}: a pickled"):
-    checkpoint.load(path)
+    files.load(path)
   plain = tmp_path / 'plain.npy'
   np.save(plain, np.zeros(3))
-  with pytest.raises(checkpoint.CheckpointError, match='single array'):
-    checkpoint.load(plain)
+  with pytest.raises(files.CheckpointError, match='single array'):
+    files.load(plain)
 
 
 def test_missing_file(tmp_path):
   path = tmp_path / 'nowhere.npz'
   with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
-    checkpoint.load(path)
+    files.load(path)
   with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
     checkpoint.load_pretrained(pretrained_path=path, init_params={},
                                model_config={})
@@ -230,38 +232,38 @@ def test_inspect_params():
             'extra': {'kernel': np.ones(1)}}
   with pytest.raises(ValueError,
                      match=r'not in the model:\n    extra/kernel: \(1,\)'):
-    checkpoint.inspect_params(params=params, expected=expected)
-  out = checkpoint.inspect_params(params=params, expected=expected,
+    files.inspect_params(params=params, expected=expected)
+  out = files.inspect_params(params=params, expected=expected,
                                   fail_if_extra=False)
   assert set(out) == {'a', 'b', 'empty'} and out['empty'] == {}
   assert 'extra' in params  # The input is left alone.
   with pytest.raises(ValueError, match=r'missing:\n    b: \(4,\)'):
-    checkpoint.inspect_params(params={'a': params['a']}, expected=expected)
-  out = checkpoint.inspect_params(params={'a': params['a']}, expected=expected,
+    files.inspect_params(params={'a': params['a']}, expected=expected)
+  out = files.inspect_params(params={'a': params['a']}, expected=expected,
                                   fail_if_missing=False)
   assert set(out) == {'a', 'empty'}
   with pytest.raises(ValueError, match=r'a/kernel: \(3, 2\) vs \(2, 3\)'):
-    checkpoint.inspect_params(params={'a': {'kernel': np.ones((3, 2))},
+    files.inspect_params(params={'a': {'kernel': np.ones((3, 2))},
                                       'b': params['b']},
                               expected=expected, fail_if_missing=False)
 
 
 def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
   path = tmp_path / 'ckpt.npz'
-  checkpoint.save({'w': np.ones(3)}, path)
+  files.save({'w': np.ones(3)}, path)
 
   def broken_savez(f, **kw):
     f.write(b'partial')
     raise OSError('disk full')
 
-  monkeypatch.setattr(checkpoint.np, 'savez', broken_savez)
+  monkeypatch.setattr(files.np, 'savez', broken_savez)
   with pytest.raises(OSError, match='disk full'):
-    checkpoint.save({'w': np.zeros(3)}, path)
+    files.save({'w': np.zeros(3)}, path)
   monkeypatch.undo()
   assert os.listdir(tmp_path) == ['ckpt.npz']
-  np.testing.assert_array_equal(checkpoint.load(path)['w'], np.ones(3))
+  np.testing.assert_array_equal(files.load(path)['w'], np.ones(3))
   with pytest.raises(ValueError, match='bfloat16'):
-    checkpoint.save({'w': jnp.ones(3, jnp.bfloat16)}, path)
+    files.save({'w': jnp.ones(3, jnp.bfloat16)}, path)
 
 
 # Hybrids, Mixers, the MAP head and the position-embedding schemes.
@@ -298,7 +300,7 @@ def test_round_trip_variants(tmp_path, variant):
   model = make()
   params = _random_params(model, size)
   path = tmp_path / f'{variant}.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   with np.load(path, allow_pickle=False) as f:
     on_disk = {k: f[k] for k in f.files}
   flat = _flat(params)
@@ -310,7 +312,7 @@ def test_round_trip_variants(tmp_path, variant):
     assert stored.shape == want, key
     np.testing.assert_array_equal(stored.ravel(), value.ravel())
 
-  loaded = checkpoint.load(path)
+  loaded = files.load(path)
   _assert_trees_equal(loaded, params)
   before, after = _outputs(model, size, params, loaded)
   assert np.all(np.isfinite(before)) and np.abs(before).min() > 0
@@ -375,13 +377,13 @@ def test_load_params_orbax_workdir(tmp_path, capsys):
   model = _model(num_classes=5)
   trees = {1: _random_params(model, seed=1), 2: _random_params(model, seed=2)}
   _write_workdir(tmp_path, model, trees)
-  load = lambda path, **kw: checkpoint.load_params(
+  load = lambda path, **kw: loading.load_params(
       path, init_params=_shapes(model), model_config={}, **kw)
   _assert_trees_equal(load(tmp_path), trees[2])  # the latest step
   _assert_trees_equal(load(tmp_path / 'checkpoints'), trees[2])
   _assert_trees_equal(load(tmp_path / 'checkpoints' / '1'), trees[1])
   # Fitted as a file is: here to a headless model.
-  headless = checkpoint.load_params(tmp_path, model_config={},
+  headless = loading.load_params(tmp_path, model_config={},
                                     init_params=_shapes(_model(num_classes=0)))
   _assert_trees_equal(headless, _without(trees[2], 'head'))
   assert _notes(capsys)[-1].endswith('dropped the head (the model has none).')
@@ -390,10 +392,10 @@ def test_load_params_orbax_workdir(tmp_path, capsys):
 def test_load_params_nothing_to_load(tmp_path):
   init = _shapes(_model())
   (tmp_path / 'empty').mkdir()
-  with pytest.raises(checkpoint.CheckpointError,
+  with pytest.raises(files.CheckpointError,
                      match='empty holds no checkpoint: expected an .npz'):
-    checkpoint.load_params(tmp_path / 'empty', init_params=init,
+    loading.load_params(tmp_path / 'empty', init_params=init,
                            model_config={})
   with pytest.raises(FileNotFoundError, match='missing'):
-    checkpoint.load_params(tmp_path / 'missing', init_params=init,
+    loading.load_params(tmp_path / 'missing', init_params=init,
                            model_config={})

@@ -12,16 +12,17 @@ from tests.checkpoints.common import _notes
 from tests.checkpoints.common import _random_params
 from tests.checkpoints.common import _shapes
 from tests.checkpoints.common import _without
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import models
 
 
 def test_load_params_npz_as_written(tmp_path, capsys):
   ckpt = _random_params(_model(num_classes=5, representation_size=4))
   path = tmp_path / 'a.npz'
-  checkpoint.save(ckpt, path)
+  files.save(ckpt, path)
   model = _model(num_classes=5, representation_size=4)
-  params = checkpoint.load_params(path, init_params=_shapes(model),
+  params = loading.load_params(path, init_params=_shapes(model),
                                   model_config={'classifier': 'token'})
   _assert_trees_equal(params, ckpt)
   assert _notes(capsys) == []  # nothing to change, nothing said
@@ -31,7 +32,7 @@ def test_load_params_new_head_resize_and_notes(pretrained, capsys):
   path, ckpt = pretrained  # 2x2 grid, head of 5, pre_logits of 4
   model = _model(num_classes=3, head_bias_init=-1.)
   init = _init(model, (48, 48))
-  params = checkpoint.load_params(
+  params = loading.load_params(
       path, init_params=init, model_config={'classifier': 'token'},
       new_head=True)
   _assert_trees_equal(params['head'], init['head'])
@@ -52,14 +53,14 @@ def test_load_params_new_head_resize_and_notes(pretrained, capsys):
 
 def test_load_params_keeps_or_drops_the_files_head(pretrained, capsys):
   path, ckpt = pretrained
-  kept = checkpoint.load_params(
+  kept = loading.load_params(
       path, init_params=_shapes(_model(num_classes=5, representation_size=4)),
       model_config={})
   _assert_trees_equal(kept['head'], ckpt['head'])
   _assert_trees_equal(kept['pre_logits'], ckpt['pre_logits'])
   assert _notes(capsys) == []
   # A headless model (few-shot features) keeps pre_logits, drops the head.
-  headless = checkpoint.load_params(
+  headless = loading.load_params(
       path, init_params=_shapes(_model(num_classes=None,
                                        representation_size=4)),
       model_config={})
@@ -71,14 +72,14 @@ def test_load_params_keeps_or_drops_the_files_head(pretrained, capsys):
 
 def test_load_params_head_of_another_size(pretrained):
   path, _ = pretrained
-  with pytest.raises(checkpoint.CheckpointError,
+  with pytest.raises(files.CheckpointError,
                      match=r'head/kernel: \(4, 5\) vs \(4, 3\)'):
-    checkpoint.load_params(
+    loading.load_params(
         path, model_config={}, init_params=_shapes(
             _model(num_classes=3, representation_size=4)))
   # Fine-tuning takes the head from init_params: shapes are not enough.
   with pytest.raises(ValueError, match='new_head=True'):
-    checkpoint.load_params(path, model_config={}, new_head=True,
+    loading.load_params(path, model_config={}, new_head=True,
                            init_params=_shapes(_model(num_classes=3)))
 
 
@@ -86,14 +87,14 @@ def test_load_params_lit_image_tower(tmp_path, capsys):
   img = _random_params(_model(num_classes=6))  # head: the projection
   txt = {'head': {'kernel': np.full((3, 6), 2., np.float32)}}
   path = tmp_path / 'lit.npz'
-  checkpoint.save({'img': img, 'txt': txt, 't': np.ones(1, np.float32)}, path)
-  tower = checkpoint.load_params(path, init_params=_shapes(_model(
+  files.save({'img': img, 'txt': txt, 't': np.ones(1, np.float32)}, path)
+  tower = loading.load_params(path, init_params=_shapes(_model(
       num_classes=6)), model_config={})
   _assert_trees_equal(tower, img)
   assert _notes(capsys) == [
       f'Checkpoint {path}: took the LiT image tower (img).']
   # A tower without projection.
-  tower = checkpoint.load_params(path, init_params=_shapes(_model(
+  tower = loading.load_params(path, init_params=_shapes(_model(
       num_classes=None)), model_config={})
   _assert_trees_equal(tower, _without(img, 'head'))
   assert _notes(capsys)[1] == (
@@ -103,16 +104,16 @@ def test_load_params_lit_image_tower(tmp_path, capsys):
 def test_model_config_for_and_image_size(pretrained, tmp_path):
   path, _ = pretrained
   preset = models.MODEL_CONFIGS['testing']
-  config = checkpoint.model_config_for(checkpoint.load(path), preset)
+  config = loading.model_config_for(files.load(path), preset)
   assert (config['num_classes'], config['representation_size']) == (5, 4)
   assert config['hidden_size'] == 10 and isinstance(config, dict)
-  assert checkpoint.image_size(checkpoint.load(path), config) == 32
+  assert loading.image_size(files.load(path), config) == 32
   headless = tmp_path / 'headless.npz'
-  checkpoint.save(_random_params(_model(num_classes=None), (64, 64)),
+  files.save(_random_params(_model(num_classes=None), (64, 64)),
                   headless)
-  params = checkpoint.load(headless)
-  config = checkpoint.model_config_for(params, dict(preset,
+  params = files.load(headless)
+  config = loading.model_config_for(params, dict(preset,
                                                     representation_size=7))
   assert (config['num_classes'], config['representation_size']) == (
       None, None)
-  assert checkpoint.image_size(params, config) == 64
+  assert loading.image_size(params, config) == 64

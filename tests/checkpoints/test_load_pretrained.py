@@ -24,7 +24,8 @@ from tests.checkpoints.common import _without
 from tests.helpers import cubic_taps_inside as _inside
 from tests.helpers import param_shapes
 from tests.helpers import smooth_1d as _smooth_1d
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax import checkpoint  # the original's helpers: load_pretrained, resize_posemb_grid
 from vit_jax import models
 
 
@@ -79,7 +80,7 @@ def test_load_pretrained_keeps_pre_logits_non_square(pretrained):
 def test_load_pretrained_without_class_token(tmp_path):
   ckpt = _random_params(_model(classifier='gap'))
   path = tmp_path / 'gap.npz'
-  checkpoint.save(ckpt, path)
+  files.save(ckpt, path)
   model = _model(classifier='gap')
   params = checkpoint.load_pretrained(
       pretrained_path=path, init_params=_init(model, (64, 64)),
@@ -107,9 +108,9 @@ def test_load_pretrained_same_resolution_keeps_posemb(pretrained):
 
 def test_checkpoint_of_another_width(tmp_path):
   path = tmp_path / 'wide.npz'
-  checkpoint.save(_random_params(_model(hidden_size=12)), path)
+  files.save(_random_params(_model(hidden_size=12)), path)
   init = _init(_model(), (32, 32))
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  with pytest.raises(files.CheckpointError) as e:
     checkpoint.load_pretrained(
         pretrained_path=path, init_params=init,
         model_config={'classifier': 'token', 'representation_size': None})
@@ -127,7 +128,7 @@ def test_checkpoint_with_fewer_layers(pretrained):
   path, _ = pretrained
   model = _model(transformer=dict(num_layers=2, mlp_dim=10, num_heads=2))
   with pytest.raises(
-      checkpoint.CheckpointError,
+      files.CheckpointError,
       match=r'missing(.|\n)*encoderblock_1/LayerNorm_0/bias: \(10,\)'):
     checkpoint.load_pretrained(
         pretrained_path=path, init_params=_init(model, (32, 32)),
@@ -136,7 +137,7 @@ def test_checkpoint_with_fewer_layers(pretrained):
 
 def test_non_square_target_needs_new_grid(pretrained):
   path, _ = pretrained
-  with pytest.raises(checkpoint.CheckpointError,
+  with pytest.raises(files.CheckpointError,
                      match=r'6 tokens are not a square grid'):
     checkpoint.load_pretrained(
         pretrained_path=path, init_params=_init(_model(), (48, 32)),
@@ -157,7 +158,7 @@ def learn2d_pretrained(tmp_path):
   tables['pos_embedding_col'] = _smooth_1d(8)[None, :, ::-1].astype(
       np.float32)
   path = tmp_path / 'learn2d.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   return path, params
 
 
@@ -212,7 +213,7 @@ def test_load_pretrained_learn2d_grid_must_match(learn2d_pretrained):
   path, _ = learn2d_pretrained
   model = _model(posemb='learn2d', patches=dict(size=(4, 4)))
   with pytest.raises(
-      checkpoint.CheckpointError,
+      files.CheckpointError,
       match=(re.escape(f'Cannot resize pos_embedding_row of {path} from '
                        '(1, 8, 5) to (1, 12, 5): new_grid (16, 12) does not '
                        'match the length 12'))):
@@ -227,7 +228,7 @@ def test_load_pretrained_posembs_without_resize(tmp_path, posemb):
       _transformer(num_layers=2, relative_max_distance=2)), **kw)
   ckpt = _random_params(make(num_classes=5), (32, 32))
   path = tmp_path / f'{posemb}.npz'
-  checkpoint.save(ckpt, path)
+  files.save(ckpt, path)
   model = make()
   init = _init(model, (64, 48))  # 2x2 -> 4x3 patches
   params = checkpoint.load_pretrained(
@@ -247,8 +248,8 @@ def test_relative_tables_of_another_size(tmp_path):
   make = lambda k: _model(posemb='relative', transformer=_transformer(
       num_layers=2, relative_max_distance=k))
   path = tmp_path / 'relative.npz'
-  checkpoint.save(_random_params(make(2), (32, 32)), path)
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  files.save(_random_params(make(2), (32, 32)), path)
+  with pytest.raises(files.CheckpointError) as e:
     checkpoint.load_pretrained(
         pretrained_path=path, init_params=_init(make(3), (64, 64)),
         model_config={'posemb': 'relative'})
@@ -265,7 +266,7 @@ def test_relative_tables_of_another_size(tmp_path):
 def test_load_pretrained_hybrid_at_new_resolution(tmp_path):
   ckpt = _random_params(_hybrid(num_classes=5), (64, 64))  # 4x4 grid
   path = tmp_path / 'hybrid.npz'
-  checkpoint.save(ckpt, path)
+  files.save(ckpt, path)
   model = _hybrid(head_bias_init=-1.)
   # 96x64 image -> 12x8 feature map (8x down) -> 6x4 grid of 2x2 patches.
   init = _init(model, (96, 64))
@@ -313,7 +314,7 @@ def test_hybrid_grid_as_documented(name):
 def test_load_pretrained_map_head(tmp_path):
   ckpt = _random_params(_model(num_classes=5, classifier='map'))
   path = tmp_path / 'map.npz'
-  checkpoint.save(ckpt, path)
+  files.save(ckpt, path)
   model = _model(classifier='map')
   init = _init(model, (48, 48))
   params = checkpoint.load_pretrained(
@@ -335,7 +336,7 @@ def test_load_pretrained_map_head(tmp_path):
 def test_load_pretrained_mixer(tmp_path):
   ckpt = _random_params(_mixer(num_classes=5))
   path = tmp_path / 'mixer.npz'
-  checkpoint.save(ckpt, path)
+  files.save(ckpt, path)
   model = _mixer()
   init = _init(model, (32, 32))
   config = models.MODEL_CONFIGS['Mixer-testing']
@@ -350,7 +351,7 @@ def test_load_pretrained_mixer(tmp_path):
   np.testing.assert_array_equal(out, np.zeros((2, 3)))
 
   # 48x48 makes 9 patches instead of 4: no resize can fix the token MLPs.
-  with pytest.raises(checkpoint.CheckpointError) as e:
+  with pytest.raises(files.CheckpointError) as e:
     checkpoint.load_pretrained(pretrained_path=path, init_params=_init(
         model, (48, 48)), model_config=config)
   message = str(e.value)
@@ -377,7 +378,7 @@ def test_load_pretrained_config_errors(pretrained, learn2d_pretrained):
                                model_config={'posemb': 'learn2d'})
   # A learn2d checkpoint for a 'learn' model: the usual listing.
   path2d, _ = learn2d_pretrained
-  with pytest.raises(checkpoint.CheckpointError,
+  with pytest.raises(files.CheckpointError,
                      match=r'missing:\n    Transformer/posembed_input/'
                      r'pos_embedding: \(1, 5, 10\)'):
     checkpoint.load_pretrained(pretrained_path=path2d, init_params=init,

@@ -23,10 +23,10 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import interrupt_at
-from vit_jax import checkpoint
-from vit_jax import train
-from vit_jax.data import pipeline as input_pipeline
-from vit_jax.run import storage
+from vit_jax.checkpoints import files
+from vit_jax import launch
+from vit_jax.data import pipeline
+from vit_jax.checkpoints import storage
 
 
 @pytest.fixture
@@ -64,33 +64,33 @@ def _copy_tree(src, dst):
 def test_train_resume_export_fine_tune_in_a_bucket(bucket, tiny_config,
                                                    tmp_path, monkeypatch,
                                                    capsys):
-  input_pipeline.get_builder(tiny_config)  # prepared here, then copied
+  pipeline.get_builder(tiny_config)  # prepared here, then copied
   _copy_tree(tiny_config.tfds_data_dir, f'{bucket}/tfds')
-  reference = train.train_and_evaluate(tiny_config.copy_and_resolve_references(),
+  reference = launch.train_and_evaluate(tiny_config.copy_and_resolve_references(),
                                        str(tmp_path / 'local'))
 
   config = tiny_config.copy_and_resolve_references()
   config.tfds_data_dir = f'{bucket}/tfds'
   with monkeypatch.context() as m:
     interrupt_at(m, 3, lambda batch: os.kill(os.getpid(), signal.SIGTERM))
-    train.train_and_evaluate(config, f'{bucket}/run')
+    launch.train_and_evaluate(config, f'{bucket}/run')
   assert 'Preempted: saved step' in capsys.readouterr().out
   assert not tf.io.gfile.exists(f'{bucket}/run/results.json')
-  params = train.train_and_evaluate(config, f'{bucket}/run')
+  params = launch.train_and_evaluate(config, f'{bucket}/run')
   assert 'Done: 6 steps' in capsys.readouterr().out
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
   assert tf.io.gfile.glob(f'{bucket}/run/events.out.tfevents.*')
   with tf.io.gfile.GFile(f'{bucket}/run/results.json') as f:
     assert '"count": 37' in f.read()
-  exported = checkpoint.load(f'{bucket}/run/testing.npz')
+  exported = files.load(f'{bucket}/run/testing.npz')
   np.testing.assert_array_equal(exported['head']['kernel'],
                                 params['head']['kernel'])
 
   config.pretrained_dir = f'{bucket}/run'
   config.pp.crop = 48
   config.total_steps = 2
-  train.train_and_evaluate(config, f'{bucket}/fine_tune')
+  launch.train_and_evaluate(config, f'{bucket}/fine_tune')
   assert f'Fine-tuning from {bucket}/run/testing.npz' in capsys.readouterr().out
   assert tf.io.gfile.exists(f'{bucket}/fine_tune/testing.npz')
   assert len(os.listdir(storage.CACHE_DIR)) == 1  # fetched once
@@ -106,10 +106,10 @@ def test_image_folder_in_a_bucket(bucket, tiny_config):
         with tf.io.gfile.GFile(f'{folder}/{i}.png', 'wb') as f:
           f.write(png.numpy())
   tiny_config.dataset = f'{bucket}/images'
-  info = input_pipeline.dataset_info(
-      input_pipeline.get_builder(tiny_config), tiny_config)
+  info = pipeline.dataset_info(
+      pipeline.get_builder(tiny_config), tiny_config)
   assert (info.num_classes, info.num_train, info.num_test) == (3, 12, 12)
-  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=8))
+  batch = next(pipeline.train_iterator(info, tiny_config, batch_size=8))
   assert batch['image'].shape == (8, 32, 32, 3)
 
 
@@ -129,19 +129,19 @@ def test_checkpoint_from_a_url_is_cached_once(tmp_path, monkeypatch):
   served = tmp_path / 'served'
   served.mkdir()
   params = {'head': {'kernel': np.arange(6, dtype=np.float32).reshape(2, 3)}}
-  checkpoint.save(params, served / 'ViT-B_16.npz')
+  files.save(params, served / 'ViT-B_16.npz')
   server = http.server.ThreadingHTTPServer(
       ('127.0.0.1', 0), functools.partial(_Files, directory=str(served)))
   threading.Thread(target=server.serve_forever, daemon=True).start()
   url = f'http://127.0.0.1:{server.server_address[1]}'
   try:
     for _ in range(2):
-      loaded = checkpoint.load(f'{url}/ViT-B_16.npz')
+      loaded = files.load(f'{url}/ViT-B_16.npz')
       np.testing.assert_array_equal(loaded['head']['kernel'],
                                     params['head']['kernel'])
     assert _Files.requests == ['/ViT-B_16.npz']
     with pytest.raises(FileNotFoundError, match='missing.npz'):
-      checkpoint.load(f'{url}/missing.npz')
+      files.load(f'{url}/missing.npz')
   finally:
     server.shutdown()
   assert len(os.listdir(storage.CACHE_DIR)) == 1  # no partial file left
@@ -150,7 +150,7 @@ def test_checkpoint_from_a_url_is_cached_once(tmp_path, monkeypatch):
 def test_save_is_atomic_in_a_bucket(bucket):
   path = f'{bucket}/out/params.npz'
   tf.io.gfile.makedirs(f'{bucket}/out')
-  checkpoint.save({'cls': np.ones((1, 1, 4), np.float32)}, path)
+  files.save({'cls': np.ones((1, 1, 4), np.float32)}, path)
   assert tf.io.gfile.listdir(f'{bucket}/out') == ['params.npz']
-  np.testing.assert_array_equal(checkpoint.load(path)['cls'],
+  np.testing.assert_array_equal(files.load(path)['cls'],
                                 np.ones((1, 1, 4)))

@@ -9,7 +9,7 @@ import pytest
 from vit_jax import models
 from vit_jax.configs import augreg
 from vit_jax.data import mixing
-from vit_jax.run import config_checks
+from vit_jax.run import checks
 from vit_jax.tasks import classification
 
 
@@ -38,7 +38,7 @@ def test_augreg_levels(level, dataset):
   config_reg = augreg.get_config(f's16,{level},{dataset},reg')
   transformer = config_reg.model.transformer
   assert (transformer.dropout_rate, transformer.stochastic_depth) == (.1, .1)
-  config_checks.validate(config, 8)
+  checks.validate(config, 8)
   mixing.check_config(config)
 
 

@@ -8,7 +8,9 @@ from vit_jax.configs import common
 from vit_jax.configs import default
 from vit_jax.configs import finetune_mnist5k
 from vit_jax.configs import vit
-from vit_jax.run import config_checks
+from vit_jax import launch
+from vit_jax.run import checks
+from vit_jax.tasks import registry
 from vit_jax.tasks import classification
 
 
@@ -26,7 +28,7 @@ def test_vit_fine_tuning_presets(dataset, steps, train_split):
   assert config.model.to_dict() == models.MODEL_CONFIGS['ViT-B_16'].to_dict()
   with pytest.raises(AttributeError):
     config.learning_rate = 0.1  # locked: unknown keys fail at once
-  config_checks.validate(config, 8)
+  checks.validate(config, 8)
 
 
 def test_unknown_names():
@@ -44,7 +46,7 @@ def test_unknown_names():
       for v in ablation_posemb.VARIANTS]])
 def test_offline_configs_build_their_model(get_config):
   config = get_config()
-  config_checks.validate(config, 1)
+  checks.validate(config, 1)
   model = classification.make_model(config, 10)
   image = (1, config.pp.crop, config.pp.crop, 3)
   assert models.count_params(model, image) > 100_000
@@ -66,7 +68,7 @@ def test_hybrid_and_mixer_fine_tuning_configs(arg, name, crop):
   config = vit.get_config(arg)
   assert (config.model_name, config.pp.crop) == (name, crop)
   assert config.model.to_dict() == models.MODEL_CONFIGS[name].to_dict()
-  config_checks.validate(config, 8)
+  checks.validate(config, 8)
   model = classification.make_model(config, 10)
   assert isinstance(model, models.MlpMixer if name.startswith('Mixer')
                     else models.VisionTransformer)
@@ -97,9 +99,10 @@ def test_model_options_keep_their_types_for_the_command_line():
   assert tuple(dinov2.pp.mean) == (0.485, 0.456, 0.406)
 
 
-def test_preflight_knows_every_trainer():
-  """config_checks names the trainers before `train` (and TensorFlow) is
-  imported: the same names as train's tasks and evaluations."""
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
-  assert set(config_checks.TRAINERS) == (
-      set(train.TASKS) | set(train.EVALUATIONS) | {'inference_time'})
+def test_every_trainer_is_registered():
+  """The trainers come from the tasks' own declarations (and the
+  evaluations): every task module registered itself, once."""
+  assert launch.trainers() == (
+      'train', 'classification', 'distill', 'lit', 'mae', 'dino', 'navit',
+      'inference_time', 'evaluate', 'fewshot', 'zeroshot')
+  assert registry.planned() == ('train', 'classification', 'mae')

@@ -5,7 +5,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax.configs import vtab
 from vit_jax.data import labels as task_labels
-from vit_jax.run import config_checks
+from vit_jax.run import checks
 
 
 # task_adaptation's val200 starts at pct% of the train split of n examples;
@@ -59,7 +59,7 @@ def test_paper_settings(task):
           config.optimizer) == (0.01, 2500, 512, 384, 'sgd')
   assert config.dataset == vtab.TASKS[task][0]
   tfds.core.naming.parse_builder_name_kwargs(config.dataset)
-  config_checks.validate(config, 8)
+  checks.validate(config, 8)
   task_labels.check(config.pp.label)
 
 

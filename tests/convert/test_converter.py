@@ -21,11 +21,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import convert
 from vit_jax import models
 from vit_jax.convert import preset_inference
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 
 DATA = helpers.DATA
 ROOT = helpers.ROOT
@@ -46,7 +46,7 @@ def test_timm_to_npz_gives_timms_logits(tmp_path, name, preset):
   assert convert.convert(os.path.join(DATA, f'{name}.safetensors'),
                          npz) == preset  # inferred from the shapes
   model = models.get_model(preset, num_classes=5)
-  np.testing.assert_allclose(_logits(model, checkpoint.load(npz)),
+  np.testing.assert_allclose(_logits(model, files.load(npz)),
                              GOLDEN[name], rtol=1e-4, atol=1e-5)
 
 
@@ -55,9 +55,9 @@ def test_gap_model(tmp_path):
   state = load_file(os.path.join(DATA, 'timm_vit_gap.safetensors'))
   flat = convert.timm_to_npz(state, heads=2)
   npz = tmp_path / 'gap.npz'
-  checkpoint.save(traverse_util.unflatten_dict(flat, sep='/'), npz)
+  files.save(traverse_util.unflatten_dict(flat, sep='/'), npz)
   model = models.get_model('testing', num_classes=5, classifier='gap')
-  np.testing.assert_allclose(_logits(model, checkpoint.load(npz)),
+  np.testing.assert_allclose(_logits(model, files.load(npz)),
                              GOLDEN['timm_vit_gap'], rtol=1e-4, atol=1e-5)
   assert flat.keys() >= {'Transformer/encoder_norm/scale', 'embedding/kernel'}
   assert 'cls' not in flat
@@ -74,18 +74,18 @@ def test_hybrid(tmp_path):
   flat = convert.timm_to_npz(state, heads=2)
   assert flat['block1/unit1/conv_proj/kernel'].shape == (1, 1, 64, 256)
   npz = tmp_path / 'hybrid.npz'
-  checkpoint.save(traverse_util.unflatten_dict(flat, sep='/'), npz)
+  files.save(traverse_util.unflatten_dict(flat, sep='/'), npz)
   assert np.load(npz)['gn_root/scale'].shape == (1, 1, 1, 64)  # published
   model = models.VisionTransformer(
       num_classes=5, patches={'size': (1, 1)}, hidden_size=32,
       transformer={'mlp_dim': 32, 'num_heads': 2, 'num_layers': 1,
                    'dropout_rate': 0., 'attention_dropout_rate': 0.},
       resnet={'num_layers': (1,), 'width_factor': 1})
-  logits = np.asarray(model.apply({'params': checkpoint.load(npz)},
+  logits = np.asarray(model.apply({'params': files.load(npz)},
                                   GOLDEN['images64'], train=False))
   want = GOLDEN['timm_hybrid']
   np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
-  back = convert.npz_to_timm(checkpoint.published_flat(checkpoint.load(npz)))
+  back = convert.npz_to_timm(files.published_flat(files.load(npz)))
   assert sorted(back) == sorted(state)
   for key in state:
     np.testing.assert_array_equal(back[key], state[key], err_msg=key)
@@ -183,7 +183,7 @@ def test_infer_preset_from_published_shapes(name):
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.key(0), np.zeros((1, 224, 224, 3), np.float32),
       train=False))['params']
-  flat = checkpoint.published_flat(shapes)
+  flat = files.published_flat(shapes)
   assert convert.infer_preset(flat) == name
 
 
@@ -220,12 +220,12 @@ HF_GOLDEN = np.load(os.path.join(DATA, 'timm_hf_logits.npz'))
 def _converted_logits(npz, model_name, gelu_approximate=None):
   """The converted file's logits, its model built as predict builds it:
   the preset with the recorded settings."""
-  config = preprocess.model_config(models.MODEL_CONFIGS[model_name],
-                                   preprocess.load_transform(npz))
+  config = transform.model_config(models.MODEL_CONFIGS[model_name],
+                                   transform.load_transform(npz))
   if gelu_approximate is not None:
     config['transformer']['gelu_approximate'] = gelu_approximate
   model = models.VisionTransformer(**dict(config, num_classes=5))
-  return np.asarray(model.apply({'params': checkpoint.load(npz)},
+  return np.asarray(model.apply({'params': files.load(npz)},
                                 HF_GOLDEN['images'], train=False))
 
 
@@ -238,7 +238,7 @@ def _converted_logits(npz, model_name, gelu_approximate=None):
 def test_timm_folder_gives_timms_logits(tmp_path, case, settings):
   npz = str(tmp_path / 'model.npz')
   assert convert.convert(os.path.join(HF, case), npz) == 'testing'
-  assert preprocess.load_transform(npz).get('model') == settings
+  assert transform.load_transform(npz).get('model') == settings
   np.testing.assert_allclose(_converted_logits(npz, 'testing'),
                              HF_GOLDEN[case], rtol=1e-5, atol=1e-5)
 
@@ -260,7 +260,7 @@ def test_avg_pooling_with_class_token(tmp_path):
   without config.json, as token pooling, the logits are wrong."""
   npz = str(tmp_path / 'a.npz')
   assert convert.convert(os.path.join(HF, 'avg_cls'), npz) == 'testing'
-  assert preprocess.load_transform(npz)['model']['classifier'] == 'token_gap'
+  assert transform.load_transform(npz)['model']['classifier'] == 'token_gap'
   right = _converted_logits(npz, 'testing')
   assert np.abs(right - HF_GOLDEN['avg_cls']).max() < 1e-5
   shutil.copy(os.path.join(HF, 'avg_cls', 'model.safetensors'), tmp_path)
@@ -400,7 +400,7 @@ def test_config_that_timm_did_not_write_is_refused(tmp_path):
 def test_eval_transform_and_settings_are_recorded(tmp_path, capsys):
   dst = str(tmp_path / 'model.npz')
   convert.convert(os.path.join(HF, 'gap'), dst)
-  recorded = preprocess.load_transform(dst)
+  recorded = transform.load_transform(dst)
   assert recorded['input_size'] == [3, 32, 32]
   assert recorded['crop_pct'] == 0.9 and recorded['interpolation'] == 'bicubic'
   assert recorded['mean'] == [0.5] * 3 and recorded['std'] == [0.5] * 3
@@ -411,7 +411,7 @@ def test_eval_transform_and_settings_are_recorded(tmp_path, capsys):
   # Converted again, as a bare Mixer file: timm's default transform, and
   # nothing of the old record.
   convert.convert(os.path.join(DATA, 'timm_mixer.safetensors'), dst)
-  assert preprocess.load_transform(dst) == {
+  assert transform.load_transform(dst) == {
       'crop_pct': 0.875, 'crop_mode': 'center', 'interpolation': 'bicubic',
       'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}
 
@@ -448,10 +448,10 @@ DEIT_CASES = [('deit', 'DeiT-testing'),
 
 def _deit_logits(npz, model_name):
   """Built as predict builds it: the preset, the recorded settings."""
-  config = preprocess.model_config(models.MODEL_CONFIGS[model_name],
-                                   preprocess.load_transform(npz))
+  config = transform.model_config(models.MODEL_CONFIGS[model_name],
+                                   transform.load_transform(npz))
   model = models.VisionTransformer(**dict(config, num_classes=5))
-  return np.asarray(model.apply({'params': checkpoint.load(npz)},
+  return np.asarray(model.apply({'params': files.load(npz)},
                                 DEIT_GOLDEN['images'], train=False))
 
 
@@ -462,7 +462,7 @@ def test_deit_folder_gives_timms_logits(tmp_path, case, preset):
   record beside the file but the transform."""
   npz = str(tmp_path / 'model.npz')
   assert convert.convert(os.path.join(DEIT, case), npz) == preset
-  assert 'model' not in preprocess.load_transform(npz)
+  assert 'model' not in transform.load_transform(npz)
   flat = np.load(npz)
   assert ('dist' in flat) == ('head_dist/kernel' in flat) == (
       case == 'deit_distilled')
@@ -522,7 +522,7 @@ def test_full_size_distilled_gives_timms_logits(tmp_path):
   convert.convert(folder, npz, 'DeiT-Ti_16-distilled')
   golden = np.load(os.path.join(folder, 'logits.npz'))
   model = models.get_model('DeiT-Ti_16-distilled', num_classes=1000)
-  logits = np.asarray(model.apply({'params': checkpoint.load(npz)},
+  logits = np.asarray(model.apply({'params': files.load(npz)},
                                   golden['images'], train=False))
   want = golden['logits']
   print('max |error| / max |logit|:',

@@ -18,10 +18,11 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import convert
 from vit_jax import models
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 
 DATA = helpers.DATA
 FAMILIES = os.path.join(DATA, 'timm_families')
@@ -61,7 +62,7 @@ def _config(preset, overrides):
 
 
 def _outputs(npz, config, side):
-  model, params, _ = checkpoint.load_model(config, npz, side)
+  model, params, _ = loading.load_model(config, npz, side)
   return np.asarray(model.apply({'params': params},
                                 GOLDEN['images'][:, :side, :side],
                                 train=False))
@@ -74,7 +75,7 @@ def test_gives_timms_outputs(tmp_path, case, preset, side, overrides,
   config.json changes beside it recorded; timm's logits or features."""
   npz = str(tmp_path / f'{case}.npz')
   assert convert.convert(os.path.join(FAMILIES, case), npz) == preset
-  recorded = preprocess.load_transform(npz)
+  recorded = transform.load_transform(npz)
   assert recorded.get('model') == overrides
   assert (recorded['mean'], recorded['std']) == normalization
   got = _outputs(npz, _config(preset, overrides), side)
@@ -146,16 +147,16 @@ def test_big_vision_siglip_npz_as_published(tmp_path):
   converted timm ones rounded to bfloat16, and so are its features."""
   npz = str(tmp_path / 'timm.npz')
   convert.convert(os.path.join(FAMILIES, 'siglip'), npz)
-  flat = checkpoint.published_flat(checkpoint.load(npz))
+  flat = files.published_flat(files.load(npz))
   big_vision = str(tmp_path / 'siglip_bv.npz')
   np.savez(big_vision, **_big_vision_layout(flat))
   assert np.load(big_vision)['params/t'].dtype == np.dtype('V2')
 
   config = _config('SigLIP-testing', {'transformer': {
       'gelu_approximate': False}})
-  model, params, side = checkpoint.load_model(config, big_vision)
+  model, params, side = loading.load_model(config, big_vision)
   assert side == 64
-  got = checkpoint.published_flat(params)
+  got = files.published_flat(params)
   assert sorted(got) == sorted(flat)
   for key, value in flat.items():
     rounded = value.astype(ml_dtypes.bfloat16).astype(np.float32)

@@ -16,11 +16,12 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import convert
 from vit_jax import models
 from vit_jax.convert import converter
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 from vit_jax.models import posemb_resize
 
 DATA = helpers.DATA
@@ -38,14 +39,14 @@ IMAGENET = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 def _outputs(npz, preset, side, num_classes, model_config=None,
              resize_method=None):
   """The converted file run by the preset (plus `model_config`) at `side`
-  px, loaded by `checkpoint.load_params` (which resizes the table)."""
+  px, loaded by `loading.load_params` (which resizes the table)."""
   model = models.get_model(preset, num_classes=num_classes,
                            **(model_config or {}))
   config = dict(models.MODEL_CONFIGS[preset].to_dict(), **(model_config or {}))
   images = GOLDEN['images'][:, :side, :side]
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.key(0), images, train=False))['params']
-  params = checkpoint.load_params(npz, init_params=shapes,
+  params = loading.load_params(npz, init_params=shapes,
                                   model_config=config,
                                   resize_method=resize_method)
   return np.asarray(model.apply({'params': params}, images, train=False))
@@ -62,7 +63,7 @@ def test_gives_timms_outputs(tmp_path, case, preset, side, head):
   the SwiGLU MLP, which no small preset has, is recorded beside it."""
   npz, name = _converted(tmp_path, case)
   assert name == preset
-  recorded = preprocess.load_transform(npz)
+  recorded = transform.load_transform(npz)
   assert {k: recorded[k] for k in IMAGENET} == IMAGENET
   overrides = recorded.get('model')
   if case == 'dinov2_swiglu':
@@ -115,7 +116,7 @@ def test_weights_alone(tmp_path, case, preset):
   shutil.copy(os.path.join(SSL, case, 'model.safetensors'), tmp_path)
   npz = str(tmp_path / 'model.npz')
   assert convert.convert(str(tmp_path / 'model.safetensors'), npz) == preset
-  assert (preprocess.load_transform(npz) or {}).get('model') is None
+  assert (transform.load_transform(npz) or {}).get('model') is None
 
 
 @pytest.mark.parametrize('case,preset', [
@@ -141,7 +142,7 @@ def test_infer_preset_from_published_shapes(name, grid):
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.key(0), np.zeros((1, side, side, 3), np.float32),
       train=False))['params']
-  assert convert.infer_preset(checkpoint.published_flat(shapes)) == name
+  assert convert.infer_preset(files.published_flat(shapes)) == name
 
 
 def _edited(tmp_path, case, **model_args):
@@ -202,7 +203,7 @@ def test_full_size_gives_timms_outputs(tmp_path, case, preset, side, head):
     model = models.get_model(preset, num_classes=head)
     shapes = jax.eval_shape(
         lambda x: model.init(jax.random.key(0), x, train=False), images)
-    params = checkpoint.load_params(npz, init_params=shapes['params'],
+    params = loading.load_params(npz, init_params=shapes['params'],
                                     model_config=models.MODEL_CONFIGS[preset])
     got = np.asarray(model.apply({'params': params}, images, train=False))
     error = np.abs(got - golden[key]).max() / np.abs(golden[key]).max()

@@ -10,7 +10,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax import checkpoint  # the original's helpers: load_pretrained
 from vit_jax import convert
 from vit_jax import models
 from vit_jax.convert import swin as convert_swin
@@ -22,7 +23,7 @@ GOLDEN = np.load(os.path.join(DATA, 'timm_swin_golden.npz'))
 
 def _apply(npz, side, name='Swin-testing', mutable=False):
   model = models.get_model(name, num_classes=10)
-  params = checkpoint.load(npz)
+  params = files.load(npz)
   images = GOLDEN['images'][:, :side, :side]
   return model.apply({'params': params}, images, train=False,
                      mutable=['intermediates'] if mutable else False)
@@ -105,7 +106,7 @@ def test_fine_tuning_load_takes_a_new_head(converted):
       model_config=models.MODEL_CONFIGS['Swin-testing'])
   assert params['head']['kernel'].shape == (32, 5)
   np.testing.assert_array_equal(params['norm']['scale'],
-                                checkpoint.load(converted)['norm']['scale'])
+                                files.load(converted)['norm']['scale'])
 
 
 def test_wrong_preset_is_refused(tmp_path):
@@ -126,7 +127,7 @@ def test_full_size_swin_t():
   folder = os.environ['VIT_JAX_SWIN_FULL']
   golden = np.load(os.path.join(folder, 'golden.npz'))
   model = models.get_model('Swin-T', num_classes=1000)
-  params = checkpoint.load(os.path.join(folder, 'swin_t.npz'))
+  params = files.load(os.path.join(folder, 'swin_t.npz'))
   logits = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
       params, golden['images'])
   np.testing.assert_allclose(logits, golden['logits'], rtol=1e-4, atol=1e-5)

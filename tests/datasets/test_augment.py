@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.data import augment
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 FILL = 128
 
@@ -228,8 +228,8 @@ def test_random_erasing_probability():
 
 
 def _info(config):
-  return input_pipeline.dataset_info(
-      input_pipeline.get_builder(config), config)
+  return pipeline.dataset_info(
+      pipeline.get_builder(config), config)
 
 
 def _take(it, n):
@@ -253,22 +253,22 @@ def test_preprocess_train_unchanged_when_off(tiny_config):
     expected = tf.image.stateless_random_flip_left_right(
         expected, tf.random.experimental.stateless_fold_in(seed, 1))
     np.testing.assert_array_equal(
-        input_pipeline.preprocess_train(image, seed, pp),
+        pipeline.preprocess_train(image, seed, pp),
         tf.clip_by_value(expected, -1.0, 1.0))
 
 
 def test_pipeline_with_augmentation_deterministic(tiny_config):
   """Batch 1 of a stream equals batch 0 of a stream resumed at step 1."""
   info = _info(tiny_config)
-  plain = next(input_pipeline.train_iterator(info, tiny_config, batch_size=8))
+  plain = next(pipeline.train_iterator(info, tiny_config, batch_size=8))
   tiny_config.pp.randaug = (2, 10)
   tiny_config.pp.erasing = 0.5
-  a = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 2)
-  resumed = next(input_pipeline.train_iterator(info, tiny_config,
+  a = _take(pipeline.train_iterator(info, tiny_config, batch_size=8), 2)
+  resumed = next(pipeline.train_iterator(info, tiny_config,
                                                batch_size=8, start_step=1))
   np.testing.assert_array_equal(a[1]['image'], resumed['image'])
   assert a[0]['image'].shape == (8, 32, 32, 3)
   assert not np.allclose(a[0]['image'], plain['image'])
   tiny_config.pp.randaug = (2, 'ten')
   with pytest.raises(ValueError, match='pp.randaug'):
-    input_pipeline.train_iterator(info, tiny_config, batch_size=8)
+    pipeline.train_iterator(info, tiny_config, batch_size=8)

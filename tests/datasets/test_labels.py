@@ -7,17 +7,17 @@ import tensorflow as tf
 
 from vit_jax.configs import common
 from vit_jax.data import labels as task_labels
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.evaluators import classification
 
 
 def test_label_sets_become_multi_hot_and_empty_sets_are_not_counted():
-  info = input_pipeline.DatasetInfo(builder=None, num_classes=5, num_train=1,
+  info = pipeline.DatasetInfo(builder=None, num_classes=5, num_train=1,
                                     num_test=1, channels=3)
   pp = ml_collections.ConfigDict(dict(crop=8, label='imagenet2012_real'))
   png = tf.io.encode_png(np.zeros((8, 8, 3), np.uint8))
   for labels, hot, mask in (([1, 3], [0, 1, 0, 1, 0], 1), ([], [0] * 5, 0)):
-    out = input_pipeline.eval_example(
+    out = pipeline.eval_example(
         {'image': png, 'real_label': tf.constant(labels, tf.int64)},
         info=info, pp=pp)
     np.testing.assert_array_equal(out['label'], hot)

@@ -12,9 +12,9 @@ import pytest
 from flax.training import train_state
 
 from vit_jax import losses
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.data import mixing
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 from vit_jax.tasks import classification
 
 B, H, W, C, K = 8, 12, 10, 3, 5
@@ -230,7 +230,7 @@ def test_off_is_todays_step(tiny_config, tmp_path):
 def test_training_with_mixup_and_smoothing(tiny_config, tmp_path, capsys):
   tiny_config.mixup.update(dict(p=0.8, cutmix_alpha=1.0, switch_prob=0.5))
   tiny_config.label_smoothing = 0.1
-  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  params = launch.train_and_evaluate(tiny_config, str(tmp_path))
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
   losses = [float(line.split(' loss ')[1].split()[0])
             for line in capsys.readouterr().out.splitlines()

@@ -11,14 +11,14 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests.conftest import fake_fashion_mnist, write_idx
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 from vit_jax.data import local_datasets
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 
 def _info(config):
-  return input_pipeline.dataset_info(
-      input_pipeline.get_builder(config), config)
+  return pipeline.dataset_info(
+      pipeline.get_builder(config), config)
 
 
 def _take(it, n):
@@ -42,7 +42,7 @@ def test_local_builder_reads_idx_files(tiny_config):
 
 def test_train_batches(tiny_config):
   info = _info(tiny_config)
-  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=8))
+  batch = next(pipeline.train_iterator(info, tiny_config, batch_size=8))
   assert batch['image'].shape == (8, 32, 32, 3)
   assert batch['image'].dtype == np.float32
   assert batch['image'].min() >= -1 and batch['image'].max() <= 1
@@ -54,12 +54,12 @@ def test_train_batches(tiny_config):
 
 def test_train_deterministic_and_seeded(tiny_config):
   info = _info(tiny_config)
-  a = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
-  b = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
+  a = _take(pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
+  b = _take(pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
   for x, y in zip(a, b):
     np.testing.assert_array_equal(x['image'], y['image'])
   tiny_config.seed = 1
-  c = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
+  c = _take(pipeline.train_iterator(info, tiny_config, batch_size=8), 3)
   assert not np.allclose(a[0]['image'], c[0]['image'])
 
 
@@ -67,13 +67,13 @@ def test_process_rows_split_the_global_stream(tiny_config):
   """Two processes' rows (3 of them across an epoch boundary) put together
   are the global batches, whatever the split of rows."""
   info = _info(tiny_config)
-  full = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8,
+  full = _take(pipeline.train_iterator(info, tiny_config, batch_size=8,
                                              start_step=10), 4)
   for rows in ([0, 1, 2, 3], [0, 2, 5, 7]):
     other = [r for r in range(8) if r not in rows]
-    mine = _take(input_pipeline.train_iterator(
+    mine = _take(pipeline.train_iterator(
         info, tiny_config, batch_size=8, start_step=10, rows=rows), 4)
-    theirs = _take(input_pipeline.train_iterator(
+    theirs = _take(pipeline.train_iterator(
         info, tiny_config, batch_size=8, start_step=10, rows=other), 4)
     for x, a, b in zip(full, mine, theirs):
       np.testing.assert_array_equal(x['image'][rows], a['image'])
@@ -83,7 +83,7 @@ def test_process_rows_split_the_global_stream(tiny_config):
 
 def test_process_rows_follow_the_mesh():
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax.run import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.platform import sharding  # pylint: disable=g-import-not-at-top
   mesh = sharding.make_mesh([('data', -1)])
   assert sharding.process_rows(mesh, 16) == list(range(16))  # one process
   mesh = sharding.make_mesh([('data', 2), ('model', -1)])
@@ -95,10 +95,10 @@ def test_resume_continues_the_stream(tiny_config):
   """Starting at step k gives batches k, k+1, ... of a fresh stream, across
   epoch boundaries (96 examples = 12 batches of 8 an epoch)."""
   info = _info(tiny_config)
-  full = _take(input_pipeline.train_iterator(info, tiny_config, batch_size=8),
+  full = _take(pipeline.train_iterator(info, tiny_config, batch_size=8),
                27)
   for start in (5, 12, 23):
-    resumed = _take(input_pipeline.train_iterator(
+    resumed = _take(pipeline.train_iterator(
         info, tiny_config, batch_size=8, start_step=start), 27 - start)
     for x, y in zip(full[start:], resumed):
       np.testing.assert_array_equal(x['image'], y['image'])
@@ -113,7 +113,7 @@ def test_each_epoch_is_a_reshuffled_permutation(tiny_config):
   raw = local_datasets._read_idx(
       f'{tiny_config.tfds_manual_dir}/train-images-idx3-ubyte.gz')
   flat_raw = {raw[i].tobytes(): i for i in range(len(raw))}
-  batches = _take(input_pipeline.train_iterator(info, tiny_config,
+  batches = _take(pipeline.train_iterator(info, tiny_config,
                                                 batch_size=8), 24)
   images = np.concatenate([b['image'][..., 0] for b in batches])
   pixels = np.rint((images + 1) * 127.5).astype(np.uint8)
@@ -125,7 +125,7 @@ def test_each_epoch_is_a_reshuffled_permutation(tiny_config):
 
 def test_eval_covers_every_example_once(tiny_config):
   info = _info(tiny_config)
-  batches = list(input_pipeline.eval_batches(info, tiny_config, batch_size=10))
+  batches = list(pipeline.eval_batches(info, tiny_config, batch_size=10))
   assert len(batches) == 4  # 37 examples -> 3 full batches + 7 and 3 pads
   mask = np.concatenate([b['mask'] for b in batches])
   assert mask.sum() == 37 and mask[:37].all() and not mask[37:].any()
@@ -137,7 +137,7 @@ def test_eval_covers_every_example_once(tiny_config):
 def test_eval_central_crop(tiny_config):
   tiny_config.pp.resize = 40
   info = _info(tiny_config)
-  batch = next(input_pipeline.eval_batches(info, tiny_config, batch_size=4))
+  batch = next(pipeline.eval_batches(info, tiny_config, batch_size=4))
   assert batch['image'].shape == (4, 32, 32, 3)
 
 
@@ -155,10 +155,10 @@ def test_eval_crop_pct_as_timm(interpolation):
   image = _smooth_image(150, 200)
   pp = dict(crop=64, crop_pct=0.875, interpolation=interpolation,
             mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
-  got = input_pipeline.preprocess_eval(image, ml_collections.ConfigDict(pp))
-  want = preprocess.prepare(
+  got = pipeline.preprocess_eval(image, ml_collections.ConfigDict(pp))
+  want = transform.prepare(
       _png(image),
-      preprocess.Transform(64, crop_pct=0.875, crop_mode='center',
+      transform.Transform(64, crop_pct=0.875, crop_mode='center',
                            interpolation=interpolation, mean=pp['mean'],
                            std=pp['std']))
   assert got.shape == want.shape == (64, 64, 3)
@@ -167,14 +167,14 @@ def test_eval_crop_pct_as_timm(interpolation):
   assert np.abs(np.asarray(got) - want).mean() < 0.008  # measured 0.0044
   # Squashing instead (no crop_pct) puts other pixels there.
   del pp['crop_pct']
-  squashed = input_pipeline.preprocess_eval(image,
+  squashed = pipeline.preprocess_eval(image,
                                             ml_collections.ConfigDict(pp))
   assert np.abs(np.asarray(squashed) - want).max() > 0.3
 
 
 def test_eval_default_is_the_original_minus_one_to_one():
   image = _smooth_image(32, 32)
-  got = input_pipeline.preprocess_eval(
+  got = pipeline.preprocess_eval(
       image, ml_collections.ConfigDict(dict(crop=32)))
   np.testing.assert_allclose(got, image / 127.5 - 1, atol=1e-6)
 
@@ -201,15 +201,15 @@ def test_image_folder(tmp_path, tiny_config):
   tiny_config.dataset = _image_folder(tmp_path, 6)
   info = _info(tiny_config)
   assert (info.num_train, info.num_test, info.num_classes) == (12, 6, 2)
-  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=4))
+  batch = next(pipeline.train_iterator(info, tiny_config, batch_size=4))
   assert batch['image'].shape == (4, 32, 32, 3)
-  mask = np.concatenate([b['mask'] for b in input_pipeline.eval_batches(
+  mask = np.concatenate([b['mask'] for b in pipeline.eval_batches(
       info, tiny_config, batch_size=4)])
   assert mask.sum() == 6
 
 
 def _eval_images(info, config):
-  batches = list(input_pipeline.eval_batches(info, config, batch_size=4))
+  batches = list(pipeline.eval_batches(info, config, batch_size=4))
   images = np.concatenate([b['image'] for b in batches])
   mask = np.concatenate([b['mask'] for b in batches]) > 0
   return {image.tobytes() for image in images[mask]}
@@ -229,7 +229,7 @@ def test_image_folder_sub_splits(tmp_path, tiny_config):
   everything = _eval_images(_info(tiny_config), tiny_config)
   assert len(held_out) == 8 and len(trained_on) == 12
   assert not held_out & trained_on and held_out | trained_on == everything
-  batch = next(input_pipeline.train_iterator(info, tiny_config, batch_size=4))
+  batch = next(pipeline.train_iterator(info, tiny_config, batch_size=4))
   assert batch['image'].shape == (4, 32, 32, 3)
   tiny_config.pp.test = 'validation[:10%]'
   with pytest.raises(ValueError, match="Split 'validation"):
@@ -239,7 +239,7 @@ def test_image_folder_sub_splits(tmp_path, tiny_config):
 def test_unknown_dataset(tiny_config):
   tiny_config.dataset = 'no_such_dataset_xyz'
   with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
-    input_pipeline.get_builder(tiny_config)
+    pipeline.get_builder(tiny_config)
 
 
 def test_unprepared_dataset_fails_fast(tiny_config, tmp_path):
@@ -247,7 +247,7 @@ def test_unprepared_dataset_fails_fast(tiny_config, tmp_path):
   tiny_config.tfds_data_dir = str(tmp_path)
   start = time.time()
   with pytest.raises(FileNotFoundError, match='cannot download'):
-    input_pipeline.get_builder(tiny_config)
+    pipeline.get_builder(tiny_config)
   assert time.time() - start < 30
 
 
@@ -257,21 +257,21 @@ def test_download_when_online(tiny_config, tmp_path, monkeypatch):
   tiny_config.dataset = 'cifar10'
   tiny_config.tfds_data_dir = str(tmp_path)
   calls = []
-  monkeypatch.setattr(input_pipeline, '_online', lambda: True)
+  monkeypatch.setattr(pipeline, '_online', lambda: True)
   monkeypatch.setattr(tfds.core.DatasetBuilder, 'download_and_prepare',
                       lambda self, **kw: calls.append(self.name))
-  assert input_pipeline.get_builder(tiny_config).name == 'cifar10'
+  assert pipeline.get_builder(tiny_config).name == 'cifar10'
   assert calls == ['cifar10']
   tiny_config.tfds_download = False
   with pytest.raises(FileNotFoundError, match='tfds_download is off'):
-    input_pipeline.get_builder(tiny_config)
+    pipeline.get_builder(tiny_config)
 
 
 def test_missing_manual_files(tiny_config, tmp_path):
   tiny_config.tfds_manual_dir = str(tmp_path)
   tiny_config.tfds_data_dir = str(tmp_path / 'data')
   with pytest.raises(FileNotFoundError, match='apt-get install'):
-    input_pipeline.get_builder(tiny_config)
+    pipeline.get_builder(tiny_config)
 
 
 def test_truncated_idx(tmp_path):

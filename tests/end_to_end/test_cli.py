@@ -9,8 +9,8 @@ import pytest
 
 from tests import helpers
 from vit_jax import models
-from vit_jax.data import pipeline as input_pipeline
-from vit_jax.run import tf_startup
+from vit_jax.data import pipeline
+from vit_jax.platform import tf_startup
 
 ROOT = helpers.ROOT
 
@@ -102,7 +102,7 @@ def test_unknown_dataset_names_the_closest(tmp_path):
 def test_unknown_dataset_error(tiny_config):
   tiny_config.dataset = 'fashion_mnist_locl'
   with pytest.raises(ValueError, match='did you mean fashion_mnist_local'):
-    input_pipeline.get_builder(tiny_config)
+    pipeline.get_builder(tiny_config)
 
 
 def test_unknown_preset_names_the_closest():
@@ -146,7 +146,7 @@ def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
   code = textwrap.dedent(f'''
       import time
       import ml_collections
-      from vit_jax.data import pipeline as input_pipeline
+      from vit_jax.data import pipeline
       from vit_jax.data import local_datasets
       # Slow enough that the two preparations overlap.
       generate = local_datasets.FashionMnistLocal._generate_examples
@@ -158,7 +158,7 @@ def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
       config = ml_collections.ConfigDict(dict(
           dataset='fashion_mnist_local', tfds_data_dir={str(tmp_path)!r},
           tfds_manual_dir={manual!r}, tfds_download=False))
-      builder = input_pipeline.get_builder(config)
+      builder = pipeline.get_builder(config)
       print(builder.info.splits['train'].num_examples)
   ''')
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', CUDA_VISIBLE_DEVICES='')

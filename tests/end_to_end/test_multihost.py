@@ -19,7 +19,7 @@ import pytest
 from tests import helpers
 from tests.conftest import FAST_COMPILE
 from vit_jax.configs import default
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 
 pytestmark = pytest.mark.xdist_group('multihost')  # one `reference` run
 
@@ -114,7 +114,7 @@ def prepared(fmnist_dirs):
   """The tiny dataset, prepared once before processes start to read it."""
   config = default.get_config()
   config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
-  input_pipeline.get_builder(config)
+  pipeline.get_builder(config)
   return fmnist_dirs
 
 

@@ -19,10 +19,10 @@ import pytest
 
 from tests import helpers
 from tests.helpers import random_params
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import models
 from vit_jax import predict
-from vit_jax.convert import transform as preprocess
+from vit_jax.convert import transform
 
 
 ROOT = helpers.ROOT
@@ -41,7 +41,7 @@ def _checkpoint(tmp_path, num_classes, size=48, **kw):
   params = random_params(model, jnp.zeros((1, size, size, 3)), train=False,
                          scale=0.3)
   path = tmp_path / f'testing_{num_classes}.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   return path, model, params
 
 
@@ -54,7 +54,7 @@ def timm_npz(tmp_path_factory):
        os.path.join(DATA, 'timm_predict_vit.safetensors'), str(path)],
       check=True, capture_output=True, timeout=300, cwd=ROOT)
   shutil.copy(os.path.join(DATA, 'timm_predict.transform.json'),
-              preprocess.transform_path(path))
+              transform.transform_path(path))
   return path
 
 
@@ -101,8 +101,8 @@ def test_probabilities_match_timm(timm_npz):
   """timm's transform and exact GELU, from the record, give timm's
   probabilities; the tanh GELU of Google's checkpoints does not."""
   model, params, size = predict.load_classifier(
-      'testing', str(timm_npz), preprocess.recorded_size(RECORD), RECORD)
-  image = predict.read_image(IMAGE, preprocess.resolve(size, RECORD))
+      'testing', str(timm_npz), transform.recorded_size(RECORD), RECORD)
+  image = predict.read_image(IMAGE, transform.resolve(size, RECORD))
   probs = predict.predict(model, params, [image])[0]
   np.testing.assert_allclose(probs, GOLDEN['center_probs'], atol=1e-5)
   tanh_model, _, _ = predict.load_classifier('testing', str(timm_npz))
@@ -164,8 +164,8 @@ def test_bare_timm_file_predicts_as_timm(tmp_path):
           '[from bare.transform.json; --crop_pct, --interpolation given]'
           ) in result.stderr
   np.testing.assert_allclose(
-      preprocess.prepare(IMAGE, preprocess.resolve(
-          64, preprocess.load_transform(npz), crop_pct=0.9)),
+      transform.prepare(IMAGE, transform.resolve(
+          64, transform.load_transform(npz), crop_pct=0.9)),
       GOLDEN['bare'], atol=1e-6)
 
 

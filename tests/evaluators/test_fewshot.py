@@ -10,11 +10,11 @@ import pytest
 from sklearn import linear_model
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import models
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.evaluators import fewshot
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 from vit_jax.tasks import classification
 
 sys.path.insert(0, helpers.ROOT)
@@ -88,7 +88,7 @@ def _evaluator(config):
 
 def test_training_hook_writes_fewshot_accuracy(tiny_config, tmp_path, capsys):
   config = _fewshot_config(tiny_config, every=3)
-  train.train_and_evaluate(config, str(tmp_path))
+  launch.train_and_evaluate(config, str(tmp_path))
   with open(tmp_path / 'results.json') as f:
     results = json.load(f)
   assert len(results['fewshot_2shot_per_seed']) == 2
@@ -102,9 +102,9 @@ def test_trainer_fewshot(tiny_config, tmp_path):
   model = classification.make_model(config, 10)
   params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
                                  train=False)
-  checkpoint.save(params, tmp_path / 'testing.npz')
+  files.save(params, tmp_path / 'testing.npz')
   config.trainer, config.pretrained_dir = 'fewshot', str(tmp_path)
-  metrics = train.evaluate(config, str(tmp_path / 'fs'))
+  metrics = launch.evaluate(config, str(tmp_path / 'fs'))
   with open(tmp_path / 'fs' / 'results.json') as f:
     results = json.load(f)
   assert results['fewshot_1shot'] == metrics['fewshot_1shot']
@@ -116,7 +116,7 @@ def test_trainer_fewshot(tiny_config, tmp_path):
 
   config.pretrained_dir = str(tmp_path / 'none')
   with pytest.raises(FileNotFoundError, match='none/testing.npz'):
-    train.evaluate(config, str(tmp_path / 'fs'))
+    launch.evaluate(config, str(tmp_path / 'fs'))
   config.evals.fewshot.shots = (0,)
   with pytest.raises(ValueError, match='positive integers'):
     _evaluator(config)

@@ -9,12 +9,12 @@ import pytest
 from sklearn import neighbors
 
 from tests import helpers
-from vit_jax import checkpoint
-from vit_jax import train
+from vit_jax.checkpoints import files
+from vit_jax import launch
 from vit_jax.configs import common as configs_common
 from vit_jax.evaluators import common
 from vit_jax.evaluators import knn
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 from vit_jax.tasks import classification
 
 
@@ -137,10 +137,10 @@ def test_trainer_evaluate(tiny_config, tmp_path, capsys, num_classes, every):
   model = classification.make_model(config, num_classes)
   params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
                                  train=False)
-  checkpoint.save(params, tmp_path / 'encoder.npz')
+  files.save(params, tmp_path / 'encoder.npz')
   config.trainer = 'evaluate'
   config.pretrained_path = str(tmp_path / 'encoder.npz')
-  metrics = train.evaluate(config, str(tmp_path / 'eval'))
+  metrics = launch.evaluate(config, str(tmp_path / 'eval'))
   with open(tmp_path / 'eval' / 'results.json') as f:
     results = json.load(f)
   assert results['knn_accuracy'] == metrics['knn_accuracy']

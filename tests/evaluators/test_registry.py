@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tests import helpers
-from vit_jax import checkpoint
-from vit_jax import train
+from vit_jax.checkpoints import files
+from vit_jax import launch
 from vit_jax.tasks import classification
 
 
@@ -18,13 +18,13 @@ from vit_jax.tasks import classification
 def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):
   tiny_config.evals.test[key] = value
   with pytest.raises(ValueError, match=match):
-    train.train_and_evaluate(tiny_config, str(tmp_path))
+    launch.train_and_evaluate(tiny_config, str(tmp_path))
 
 
 def test_unknown_trainer(tiny_config, tmp_path):
   tiny_config.trainer = 'beit'
   with pytest.raises(ValueError, match="config.trainer='beit'; expected"):
-    train.train_and_evaluate(tiny_config, str(tmp_path))
+    launch.train_and_evaluate(tiny_config, str(tmp_path))
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def five_class_npz(tiny_config, tmp_path):
   params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
                                  train=False)
   path = str(tmp_path / 'five.npz')
-  checkpoint.save(params, path)
+  files.save(params, path)
   return path
 
 
@@ -43,7 +43,7 @@ def test_head_that_does_not_fit_the_test_data(tiny_config, tmp_path,
   """trainer='evaluate' says so, then evaluates the features few-shot."""
   tiny_config.trainer, tiny_config.pretrained_path = 'evaluate', five_class_npz
   tiny_config.evals.fewshot.update(dict(shots=(1, 2), seeds=1))
-  metrics = train.evaluate(tiny_config, str(tmp_path / 'eval'))
+  metrics = launch.evaluate(tiny_config, str(tmp_path / 'eval'))
   assert ('config.evals.test: the test data has 10 classes; the model has a '
           'head of 5. The few-shot and k-NN evaluators run instead.'
           in capsys.readouterr().err)
@@ -53,4 +53,4 @@ def test_head_that_does_not_fit_the_test_data(tiny_config, tmp_path,
 def test_alias_without_its_evaluator(tiny_config, tmp_path, five_class_npz):
   tiny_config.trainer, tiny_config.pretrained_path = 'zeroshot', five_class_npz
   with pytest.raises(ValueError, match='lists no evaluator of type'):
-    train.evaluate(tiny_config, str(tmp_path / 'eval'))
+    launch.evaluate(tiny_config, str(tmp_path / 'eval'))

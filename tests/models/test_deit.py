@@ -14,7 +14,9 @@ from tests.helpers import patch_embed
 from tests.helpers import random_params
 from tests.models.vit_reference import _apply
 from tests.models.vit_reference import _msa
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
+from vit_jax import checkpoint  # the original's helpers: load_pretrained
 from vit_jax import models
 from vit_jax.models import posemb_resize
 from vit_jax.models import vit as models_vit
@@ -109,9 +111,9 @@ def test_distilled_fine_tuning_keeps_both_prefix_entries(tmp_path):
   new model's."""
   params = random_params(_distilled(), jnp.zeros((1, 32, 32, 3)), train=False)
   path = tmp_path / 'deit.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   config = models.MODEL_CONFIGS['DeiT-testing-distilled']
-  assert checkpoint.image_size(checkpoint.read_params(path), config) == 32
+  assert loading.image_size(files.read_params(path), config) == 32
   model = _distilled(num_classes=3)
   x = jnp.ones((2, 48, 48, 3))
   init = jax.jit(lambda: model.init(jax.random.key(1), x, train=False))()[

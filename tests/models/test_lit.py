@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import models
 from vit_jax.models import lit as models_lit
 
@@ -85,8 +86,8 @@ def _small_lit():
 
 
 def _testing_image():
-  from vit_jax.models import presets as model_configs  # pylint: disable=g-import-not-at-top
-  return model_configs.MODEL_CONFIGS['testing'].to_dict()
+  from vit_jax.models import registry  # pylint: disable=g-import-not-at-top
+  return registry.MODEL_CONFIGS['testing'].to_dict()
 
 
 def _bert_reference(p, tokens):
@@ -127,7 +128,7 @@ def test_published_layout_loads_and_matches_bert_reference(
   np.savez(path, **flat)
   model = _small_lit()
   expected = _init_shapes(model, image_size=32, max_len=8)
-  variables = {'params': checkpoint.load_params(
+  variables = {'params': loading.load_params(
       path, init_params=expected, model_config={})}
   assert (jax.tree.structure(variables['params']) ==
           jax.tree.structure(expected))
@@ -150,8 +151,8 @@ def test_published_layout_loads_and_matches_bert_reference(
 def test_saved_lit_reloads_exactly(tmp_path):
   flat = _published_layout(False)
   np.savez(tmp_path / 'a.npz', **flat)
-  params = checkpoint.load(tmp_path / 'a.npz')
-  checkpoint.save(params, tmp_path / 'b.npz')
+  params = files.load(tmp_path / 'a.npz')
+  files.save(params, tmp_path / 'b.npz')
   with np.load(tmp_path / 'b.npz') as saved:
     assert sorted(saved.files) == sorted(flat)
     for key in flat:

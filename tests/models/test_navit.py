@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import layernorm
 from tests.helpers import random_params
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax.models import navit as models_navit
 from vit_jax.models import posemb as vit_posemb
 from vit_jax.models import vit as models_vit
@@ -280,7 +280,7 @@ def test_scanned_and_rematted_blocks_match():
   params = _params(model, batch)
   scanned = _navit('rope2d', 'map', transformer=dict(scan=True,
                                                      remat_policy='dots'))
-  out = _apply(scanned, checkpoint.scan_like(params, {'Transformer': {
+  out = _apply(scanned, files.scan_like(params, {'Transformer': {
       'encoderblock': {}}}), batch)
   np.testing.assert_allclose(out, _apply(model, params, batch), rtol=1e-5,
                              atol=1e-5)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax.models import ops as lean_ops
+from vit_jax.models import ops
 from vit_jax.models import vit as models_vit
 
 
@@ -39,9 +39,9 @@ def _gelu_np(x, approximate):
 def test_gelu_value_and_gradient(approximate):
   x = np.linspace(-5, 5, 41).astype(np.float32)
   w = np.cos(np.arange(41)).astype(np.float32)
-  np.testing.assert_allclose(lean_ops.gelu(x, approximate),
+  np.testing.assert_allclose(ops.gelu(x, approximate),
                              _gelu_np(x, approximate), atol=1e-6)
-  grad = jax.grad(lambda x: jnp.sum(lean_ops.gelu(x, approximate) * w))(x)
+  grad = jax.grad(lambda x: jnp.sum(ops.gelu(x, approximate) * w))(x)
   want = _numeric_grad(lambda x: np.sum(_gelu_np(x, approximate) * w), x)
   np.testing.assert_allclose(grad, want, atol=1e-5)
 
@@ -57,9 +57,9 @@ def test_gelu_dot_general_value_and_gradients(approximate):
   def want_np(h, kernel):
     return np.einsum('btm,mo->bto', _gelu_np(h, approximate), kernel)
 
-  got = lean_ops.gelu_dot_general(*args, dims, approximate=approximate)
+  got = ops.gelu_dot_general(*args, dims, approximate=approximate)
   np.testing.assert_allclose(got, want_np(h, kernel), atol=1e-5)
-  grads = jax.grad(lambda *a: jnp.sum(lean_ops.gelu_dot_general(
+  grads = jax.grad(lambda *a: jnp.sum(ops.gelu_dot_general(
       *a, dims, approximate=approximate) * w), (0, 1))(*args)
   np.testing.assert_allclose(grads[0], _numeric_grad(
       lambda h: np.sum(want_np(h, kernel) * w), h), atol=1e-4)
@@ -99,7 +99,7 @@ def _softmax_np(x):
 def test_softmax_gradient():
   rng = np.random.default_rng(0)
   x, w = rng.normal(size=(2, 3, 5)), rng.normal(size=(2, 3, 5))
-  grad = jax.grad(lambda x: jnp.sum(jnp.sin(lean_ops.softmax(x)) * w))(
+  grad = jax.grad(lambda x: jnp.sum(jnp.sin(ops.softmax(x)) * w))(
       x.astype(np.float32))
   want = _numeric_grad(lambda x: np.sum(np.sin(_softmax_np(x)) * w), x)
   np.testing.assert_allclose(grad, want, atol=1e-5)
@@ -118,7 +118,7 @@ def test_layer_norm_is_flax_layer_norm_with_its_gradients():
   bias = rng.normal(size=8).astype(np.float32)
   w = rng.normal(size=x.shape)
   params = {'params': {'scale': scale, 'bias': bias}}
-  module = lean_ops.LayerNorm()
+  module = ops.LayerNorm()
   assert jax.tree.map(np.shape, module.init(jax.random.key(0), x)) == (
       jax.tree.map(np.shape, nn.LayerNorm().init(jax.random.key(0), x)))
   np.testing.assert_allclose(module.apply(params, x),
@@ -148,9 +148,9 @@ def test_attention_value_and_gradients():
   q, k, v = (rng.normal(size=(2, 2, 5, 4)) for _ in range(3))
   w = rng.normal(size=q.shape)
   args = [a.astype(np.float32) for a in (q, k, v)]
-  np.testing.assert_allclose(lean_ops.attention(*args), _attention_np(q, k, v),
+  np.testing.assert_allclose(ops.attention(*args), _attention_np(q, k, v),
                              atol=1e-5)
-  grads = jax.grad(lambda *a: jnp.sum(lean_ops.attention(*a) * w),
+  grads = jax.grad(lambda *a: jnp.sum(ops.attention(*a) * w),
                    (0, 1, 2))(*args)
   wants = [
       _numeric_grad(lambda q: np.sum(_attention_np(q, k, v) * w), q),
@@ -186,7 +186,7 @@ def test_a_block_keeps_only_what_its_backward_pass_needs():
   """Each block added to the model adds at most what its backward pass
   needs: x, x + attention, both LayerNorm outputs, q, k, v, the attention
   output (twice: heads first, and tokens first for the projection), the
-  MLP's hidden layer before GELU (not after: lean_ops.gelu_dot_general).
+  MLP's hidden layer before GELU (not after: ops.gelu_dot_general).
   No (tokens x tokens) weights.
   """
   batch, side, width, mlp, heads = 8, 14, 64, 256, 8

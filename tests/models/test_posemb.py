@@ -12,7 +12,8 @@ from tests.helpers import param_shapes
 from tests.helpers import random_params
 from tests.models.vit_reference import _apply
 from tests.models.vit_reference import _block
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import models
 from vit_jax.models import vit as models_vit
 
@@ -223,17 +224,17 @@ def test_rope2d_interp2d_save_and_load(tmp_path, posemb):
   model = _tiny(posemb, hidden_size=16)
   params = random_params(model, jnp.zeros((1, 32, 48, 3)), train=False)
   path = tmp_path / f'{posemb}.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   names = {k for k in np.load(path) if 'posembed' in k}
   assert names == ({'Transformer/posembed_input/pos_embedding_grid'}
                    if posemb == 'interp2d' else set())
   config = {'classifier': 'token', 'posemb': posemb}
-  loaded = checkpoint.load_params(
+  loaded = loading.load_params(
       path, init_params=param_shapes(model, jnp.zeros((1, 32, 48, 3)),
                                      train=False), model_config=config)
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
   x = np.random.default_rng(1).uniform(-1, 1, (2, 64, 32, 3))  # 4x2 patches
-  resized = checkpoint.load_params(
+  resized = loading.load_params(
       path, init_params=param_shapes(model, x, train=False),
       model_config=config)
   if posemb == 'interp2d':

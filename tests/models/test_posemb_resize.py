@@ -9,7 +9,7 @@ import scipy.ndimage
 
 from tests.helpers import cubic_taps_inside as _inside
 from tests.helpers import smooth_1d as _smooth_1d
-from vit_jax import checkpoint
+from vit_jax import checkpoint  # the original's helpers: interpolate_posembed, resize_posemb_grid
 
 
 def _quadratic(h, w, channels=3):

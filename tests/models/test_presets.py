@@ -10,7 +10,7 @@ import pytest
 
 from tests import helpers
 from vit_jax import models
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 
 ROOT = helpers.ROOT
 
@@ -150,7 +150,7 @@ def test_param_count(name):
   model = models.get_model(name, **kw)
   assert isinstance(model, models.model_class(name))
   # A Swin's side is a multiple of its window's (384 px for Swin-B_384).
-  side = model_configs.native_resolution(name) if name.startswith(
+  side = registry.native_resolution(name) if name.startswith(
       'Swin-') else 224
   assert models.count_params(model, (1, side, side, 3)) == MODEL_SIZES[name]
 

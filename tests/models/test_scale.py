@@ -7,7 +7,8 @@ import pytest
 
 from tests.helpers import eqns
 from tests.helpers import random_params
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax import checkpoint  # the original's helpers: load_pretrained
 from vit_jax import models
 
 IMAGE = (2, 32, 32, 3)
@@ -127,7 +128,7 @@ def test_remat_lowers_the_step_memory():
   """Measured on the scanned encoder: XLA's CPU scheduler may hoist the
   recomputation of unrolled blocks and so keep their activations anyway."""
   x = _images((16, 64, 64, 3))
-  params = checkpoint.scan_like(
+  params = files.scan_like(
       random_params(_vit(num_layers=6)(), x, train=False),
       {'Transformer': {'encoderblock': {}}})
   none = _temp_bytes(_vit(num_layers=6, scan=True)(), params, x)
@@ -141,7 +142,7 @@ def test_scan_equals_unrolled_on_the_same_npz(tmp_path):
   unrolled = _vit(num_layers=3)()
   params = random_params(unrolled, x, train=False, scale=0.1)
   path = tmp_path / 'ti.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   scanned = _vit(num_layers=3, scan=True)()
   init = jax.eval_shape(lambda: scanned.init(jax.random.key(0), x,
                                              train=False))['params']
@@ -157,7 +158,7 @@ def test_scan_equals_unrolled_on_the_same_npz(tmp_path):
       unrolled.apply({'params': params}, x, train=False), rtol=1e-5,
       atol=1e-6)
   # Saved again from the scanned model: the published per-block names.
-  checkpoint.save(loaded, tmp_path / 'again.npz')
+  files.save(loaded, tmp_path / 'again.npz')
   again = np.load(tmp_path / 'again.npz')
   original = np.load(path)
   assert sorted(again.files) == sorted(original.files)
@@ -172,7 +173,7 @@ def test_scan_and_remat_train_like_unrolled():
   x = _images()
   params = random_params(make(), x, train=False, scale=0.1)
   params['head']['kernel'] = params['head']['kernel'] * 0 + 0.1
-  stacked = checkpoint.scan_like(params, {'Transformer': {'encoderblock': {}}})
+  stacked = files.scan_like(params, {'Transformer': {'encoderblock': {}}})
   want, grads = _loss_and_grads(make(), params, x)
   got, scanned_grads = _loss_and_grads(
       _vit(num_layers=2, scan=True, remat_policy='full')(), stacked, x)

@@ -13,10 +13,11 @@ import pytest
 from tests.helpers import layernorm
 from tests.helpers import patch_embed
 from tests.helpers import random_params
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import models
 from vit_jax.models import posemb_resize
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 from vit_jax.models import vit as models_vit
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -152,7 +153,7 @@ def test_fc_norm_after_pooling(classifier):
 @pytest.mark.parametrize('scan,remat', [(False, 'none'), (True, 'full')])
 def test_swiglu(scan, remat):
   """DINOv2-g's SwiGLU MLP with LayerScale, unrolled and scanned with remat
-  (parameters stacked by `checkpoint.scan_like`)."""
+  (parameters stacked by `files.scan_like`)."""
   model = models.get_model('DINOv2-testing', num_classes=3, transformer=(
       _transformer('DINOv2-testing', swiglu=True, scan=scan,
                    remat_policy=remat)))
@@ -165,7 +166,7 @@ def test_swiglu(scan, remat):
   assert block['MlpBlock_0']['Dense_1']['kernel'].shape == (64, 32)
   expected = _reference(x, params, 14, swiglu=True)
   if scan:
-    params = checkpoint.scan_like(params, _params(model, x))
+    params = files.scan_like(params, _params(model, x))
   _check(model, params, x, expected)
 
 
@@ -290,12 +291,12 @@ def test_registers_without_class_token():
     ('Mixer-B_16', 'google', None), ('BiT-R50x1', 'google', None),
 ])
 def test_weights_source(name, source, resolution):
-  assert model_configs.weights_source(name) == source
-  assert model_configs.native_resolution(name) == resolution
-  imagenet = model_configs.NORMALIZATIONS['imagenet']
-  assert (model_configs.input_normalization(name) == imagenet) == (
+  assert registry.weights_source(name) == source
+  assert registry.native_resolution(name) == resolution
+  imagenet = registry.NORMALIZATIONS['imagenet']
+  assert (registry.input_normalization(name) == imagenet) == (
       source == 'timm')
-  assert model_configs.posemb_resize_method(name) == (
+  assert registry.posemb_resize_method(name) == (
       'bicubic_antialias' if source == 'timm' else 'bicubic')
 
 
@@ -303,7 +304,7 @@ def test_preset_options():
   for name, config in models.MODEL_CONFIGS.items():
     if name.startswith('Swin-'):
       assert not config.gelu_approximate, name
-    elif model_configs.weights_source(name) == 'timm':
+    elif registry.weights_source(name) == 'timm':
       assert not config.transformer.gelu_approximate, name
       # EVA-02 and DINOv3 keep a class token and pool the patches, as timm.
       assert config.classifier in ('token', 'distilled', 'token_gap'), name
@@ -332,14 +333,14 @@ def test_checkpoint_resized_as_timm(tmp_path, name, prefix):
   small = models.get_model(name, num_classes=None)
   params = _params(small, _images((28, 28), n=1))
   path = tmp_path / 'dinov2.npz'
-  checkpoint.save(params, path)
+  files.save(params, path)
   config = models.MODEL_CONFIGS[name]
-  assert checkpoint.image_size(checkpoint.read_params(path), config) == 28
-  assert checkpoint.default_resize_method(config) == 'bicubic_antialias'
+  assert loading.image_size(files.read_params(path), config) == 28
+  assert loading.default_resize_method(config) == 'bicubic_antialias'
   model = models.get_model(name, num_classes=None)
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros((1, 42, 42, 3)), train=False))['params']
-  loaded = checkpoint.load_params(path, init_params=shapes, model_config=config)
+  loaded = loading.load_params(path, init_params=shapes, model_config=config)
   old = params['Transformer']['posembed_input']['pos_embedding']
   new = loaded['Transformer']['posembed_input']['pos_embedding']
   assert new.shape == (1, prefix + 9, 32)
@@ -356,7 +357,7 @@ def test_checkpoint_resized_as_timm(tmp_path, name, prefix):
 
 
 def test_default_resize_method_of_google_and_custom_models():
-  assert checkpoint.default_resize_method(
+  assert loading.default_resize_method(
       models.MODEL_CONFIGS['ViT-B_16']) == 'bicubic'
-  assert checkpoint.default_resize_method({'model_name': 'mine'}) == 'bicubic'
-  assert checkpoint.default_resize_method({}) == 'bicubic'
+  assert loading.default_resize_method({'model_name': 'mine'}) == 'bicubic'
+  assert loading.default_resize_method({}) == 'bicubic'

@@ -29,10 +29,10 @@ from vit_jax import utils
 from vit_jax.configs import augreg as augreg_config
 from vit_jax.configs import common as common_config
 from vit_jax.configs import models as models_config
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.data import tokenizers
 from vit_jax.models import lit as models_lit
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 
 ROOT = helpers.ROOT
 
@@ -64,9 +64,9 @@ def test_vit_jax_notebook(default_data_dir, tmp_path, monkeypatch):
   config.batch = batch_size
   config.pp.crop = 32
   config.batch_eval = 16  # the notebook's 512 is more than the fake split
-  ds_train = input_pipeline.get_data_from_tfds(config=config, mode='train')
-  ds_test = input_pipeline.get_data_from_tfds(config=config, mode='test')
-  num_classes = input_pipeline.get_dataset_info(dataset, 'train')[
+  ds_train = pipeline.get_data_from_tfds(config=config, mode='train')
+  ds_test = pipeline.get_data_from_tfds(config=config, mode='test')
+  num_classes = pipeline.get_dataset_info(dataset, 'train')[
       'num_classes']
   del config
   batch = next(iter(ds_test.as_numpy_iterator()))
@@ -98,7 +98,7 @@ def test_vit_jax_notebook(default_data_dir, tmp_path, monkeypatch):
 
   def get_accuracy(params_repl):
     good = total = 0
-    steps = input_pipeline.get_dataset_info(dataset, 'test')[
+    steps = pipeline.get_dataset_info(dataset, 'test')[
         'num_examples'] // batch_size
     for _, batch in zip(range(steps), ds_test.as_numpy_iterator()):
       predicted = vit_apply_repl(params_repl, batch['image'])
@@ -122,7 +122,7 @@ def test_vit_jax_notebook(default_data_dir, tmp_path, monkeypatch):
   update_rng_repl = flax.jax_utils.replicate(jax.random.PRNGKey(0))
   losses = []
   for _, batch in zip(range(1, total_steps + 1),
-                      input_pipeline.prefetch(ds_train, 2)):
+                      pipeline.prefetch(ds_train, 2)):
     params_repl, opt_state_repl, loss_repl, update_rng_repl = update_fn_repl(
         params_repl, opt_state_repl, batch, update_rng_repl)
     losses.append(loss_repl[0])
@@ -204,7 +204,7 @@ def test_original_config_keys_and_presets(monkeypatch):
   values(argv)
   assert values.config.evals.test.every == 7
   assert values.config.momentum_dtype == 'bfloat16'
-  assert models_config.MODEL_CONFIGS is model_configs.MODEL_CONFIGS
+  assert models_config.MODEL_CONFIGS is registry.MODEL_CONFIGS
   assert 'testing' in models_config.MODEL_CONFIGS
   assert models_config.AUGREG_CONFIGS['R26_S_32'].model_name == 'R26+ViT-S_32'
   with pytest.raises(ValueError, match='AugReg model or filename'):
@@ -271,12 +271,12 @@ def test_vit_jax_augreg_notebook(default_data_dir, tmp_path, capsys):
   opt = train.train_and_evaluate(config, str(tmp_path / 'folder_run'))
   assert opt['head']['kernel'].shape[-1] == 10
   # The original's reader of one folder; its info.
-  ds = input_pipeline.get_data_from_directory(
+  ds = pipeline.get_data_from_directory(
       config=config, directory=f'{config.dataset}/test', mode='test')
   batch = next(iter(ds.as_numpy_iterator()))
   devices = jax.local_device_count()
   assert batch['image'].shape == (devices, 8 // devices, 32, 32, 3)
-  info = input_pipeline.get_dataset_info(config.dataset, 'test')
+  info = pipeline.get_dataset_info(config.dataset, 'test')
   assert (info['num_examples'], info['num_classes']) == (10, 10)
   assert info['int2str'](0) == 'c0' and info['examples_glob']
 

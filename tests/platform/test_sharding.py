@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 
 
 @pytest.mark.parametrize('shape,spec', [

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from vit_jax import models
-from vit_jax import target
-from vit_jax.models import ops as lean_ops
+from vit_jax.platform import target
+from vit_jax.models import ops
 
 
 def _grad_program(platform):
@@ -64,7 +64,7 @@ def test_tpu_path_computes_the_same_model(dtype, tol):
 
 def test_layer_norm_on_tpu_is_float32_flax_arithmetic():
   x = jax.random.normal(jax.random.key(0), (3, 7, 16)).astype(jnp.bfloat16)
-  ours = lean_ops.LayerNorm(dtype=jnp.bfloat16)
+  ours = ops.LayerNorm(dtype=jnp.bfloat16)
   params = ours.init(jax.random.key(1), x)
   with target.compiling_for('tpu'):
     y = ours.apply(params, x)

@@ -13,10 +13,10 @@ import pytest
 from tests.conftest import interrupt_at
 from tests.conftest import make_tiny_config
 from vit_jax import inference_time
-from vit_jax import train
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax import launch
+from vit_jax.data import pipeline
 from vit_jax.run import loop
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 from vit_jax.tasks import classification
 
 
@@ -25,7 +25,7 @@ def reference(tmp_path_factory, fmnist_dirs):
   """An uninterrupted 6-step run (checkpoints every 2 steps)."""
   config = make_tiny_config(fmnist_dirs)
   workdir = str(tmp_path_factory.mktemp('reference'))
-  return config, workdir, jax.device_get(train.train_and_evaluate(config,
+  return config, workdir, jax.device_get(launch.train_and_evaluate(config,
                                                                   workdir))
 
 
@@ -38,14 +38,14 @@ def test_trains_and_reports(reference, capsys):
   assert glob.glob(f'{workdir}/events.out.tfevents.*')
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
   # A finished workdir returns its final params without training.
-  again = train.train_and_evaluate(config, workdir)
+  again = launch.train_and_evaluate(config, workdir)
   chex.assert_trees_all_equal(jax.device_get(again), params)
   assert 'nothing to train' in capsys.readouterr().out
 
 
 def test_progress_eval_and_metrics(tiny_config, tmp_path, capsys):
   tiny_config.evals.test.every = 3
-  train.train_and_evaluate(tiny_config, str(tmp_path))
+  launch.train_and_evaluate(tiny_config, str(tmp_path))
   out = capsys.readouterr().out
   assert '[2/6] loss' in out and 'img/s' in out and 'ETA' in out
   assert '[3/6] test accuracy' in out and '(37 examples)' in out
@@ -60,7 +60,7 @@ def test_progress_eval_and_metrics(tiny_config, tmp_path, capsys):
 
 def test_progress_bar(tiny_config, tmp_path, capsys):
   tiny_config.progress_bar = True
-  train.train_and_evaluate(tiny_config, str(tmp_path))
+  launch.train_and_evaluate(tiny_config, str(tmp_path))
   out, err = capsys.readouterr()
   assert '6/6' in err and 'loss=' in err  # tqdm writes to stderr
   assert '[2/6] loss' not in out and 'Done: 6 steps' in out
@@ -78,12 +78,12 @@ def test_learns(tiny_config, tmp_path):
   tiny_config.pp.flip = False
   tiny_config.checkpoint_every = 0
   tiny_config.progress_every = 20
-  info = input_pipeline.dataset_info(
-      input_pipeline.get_builder(tiny_config), tiny_config)
-  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  info = pipeline.dataset_info(
+      pipeline.get_builder(tiny_config), tiny_config)
+  params = launch.train_and_evaluate(tiny_config, str(tmp_path))
   model = classification.make_model(tiny_config, 10)
   correct = 0
-  for batch in input_pipeline.eval_batches(info, tiny_config, batch_size=37):
+  for batch in pipeline.eval_batches(info, tiny_config, batch_size=37):
     logits = model.apply({'params': params}, batch['image'], train=False)
     correct += np.sum(logits.argmax(-1) == batch['label'].argmax(-1))
   assert correct / 37 > 0.5  # chance is 0.1
@@ -92,9 +92,9 @@ def test_learns(tiny_config, tmp_path):
 def test_one_device_equals_eight(tiny_config, tmp_path, monkeypatch):
   assert jax.device_count() == 8
   tiny_config.total_steps = 4
-  p8 = train.train_and_evaluate(tiny_config, str(tmp_path / 'eight'))
+  p8 = launch.train_and_evaluate(tiny_config, str(tmp_path / 'eight'))
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
-  p1 = train.train_and_evaluate(tiny_config, str(tmp_path / 'one'))
+  p1 = launch.train_and_evaluate(tiny_config, str(tmp_path / 'one'))
   chex.assert_trees_all_close(p1, p8, rtol=1e-4, atol=1e-6)
 
 
@@ -102,7 +102,7 @@ def test_sharding_rules_shard_kernels(tiny_config, tmp_path):
   tiny_config.mesh = [('data', 4), ('model', 2)]
   tiny_config.sharding_rules = [('MlpBlock_0/Dense_0/kernel$', (None, 'model'))]
   tiny_config.total_steps = 2
-  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  params = launch.train_and_evaluate(tiny_config, str(tmp_path))
   kernel = params['Transformer']['encoderblock_0']['MlpBlock_0']['Dense_0'][
       'kernel']
   assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, 'model')
@@ -114,13 +114,13 @@ def test_accumulation_equals_one_big_batch(tiny_config, tmp_path):
   tiny_config.total_steps = 3
   tiny_config.batch = 16
   tiny_config.model.transformer.dropout_rate = 0.0
-  whole = train.train_and_evaluate(tiny_config, str(tmp_path / 'whole'))
+  whole = launch.train_and_evaluate(tiny_config, str(tmp_path / 'whole'))
   tiny_config.accum_steps = 2
-  accumulated = train.train_and_evaluate(tiny_config, str(tmp_path / 'acc'))
+  accumulated = launch.train_and_evaluate(tiny_config, str(tmp_path / 'acc'))
   chex.assert_trees_all_close(accumulated, whole, rtol=1e-4, atol=1e-6)
   tiny_config.accum_steps = 1
   tiny_config.batch = 8  # a different stream of data: must differ
-  other = train.train_and_evaluate(tiny_config, str(tmp_path / 'other'))
+  other = launch.train_and_evaluate(tiny_config, str(tmp_path / 'other'))
   assert not np.allclose(other['head']['kernel'], whole['head']['kernel'])
 
 
@@ -135,9 +135,9 @@ def test_resume_after_crash_equals_uninterrupted(reference, tmp_path,
 
   interrupt_at(monkeypatch, 5, crash)
   with pytest.raises(RuntimeError, match='simulated crash'):
-    train.train_and_evaluate(config, str(tmp_path))
+    launch.train_and_evaluate(config, str(tmp_path))
   monkeypatch.undo()
-  resumed = train.train_and_evaluate(config, str(tmp_path))
+  resumed = launch.train_and_evaluate(config, str(tmp_path))
   chex.assert_trees_all_close(resumed, expected, rtol=1e-6, atol=1e-7)
 
 
@@ -146,11 +146,11 @@ def test_sigterm_saves_then_resume_equals_uninterrupted(reference, tmp_path,
   config, _, expected = reference
   interrupt_at(monkeypatch, 2,
                 lambda batch: os.kill(os.getpid(), signal.SIGTERM))
-  train.train_and_evaluate(config, str(tmp_path))
+  launch.train_and_evaluate(config, str(tmp_path))
   assert 'Preempted: saved step 3' in capsys.readouterr().out
   assert os.path.isdir(tmp_path / 'checkpoints' / '3')
   monkeypatch.undo()
-  resumed = train.train_and_evaluate(config, str(tmp_path))
+  resumed = launch.train_and_evaluate(config, str(tmp_path))
   chex.assert_trees_all_close(resumed, expected, rtol=1e-6, atol=1e-7)
 
 
@@ -162,7 +162,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(tiny_config, tmp_path,
   interrupt_at(monkeypatch, 4, poison)
   with pytest.raises(FloatingPointError, match='last good checkpoint is '
                      'step 4'):
-    train.train_and_evaluate(tiny_config, str(tmp_path))
+    launch.train_and_evaluate(tiny_config, str(tmp_path))
   saved = sorted(os.listdir(tmp_path / 'checkpoints'))
   assert saved == ['2', '4']
 
@@ -173,11 +173,11 @@ def test_mismatched_checkpoint(reference, tmp_path):
   config.model.hidden_size = 12
   with pytest.raises(ValueError, match=r"(?s)other settings.*"
                      r"model.hidden_size: 10 -> 12.*--allow_config_change"):
-    train.train_and_evaluate(config, workdir)
+    launch.train_and_evaluate(config, workdir)
   # Allowed, the checkpoint still cannot fit: its shapes are listed.
   with pytest.raises(ValueError, match=r'(?s)does not fit.*\(checkpoint vs '
                      r'model\).*encoder_norm/bias: \(10,\) vs \(12,\)'):
-    train.train_and_evaluate(config, workdir, allow_config_change=True)
+    launch.train_and_evaluate(config, workdir, allow_config_change=True)
 
 
 @pytest.mark.parametrize('key,value,match', [
@@ -195,7 +195,7 @@ def test_bad_config(tiny_config, tmp_path, key, value, match):
   else:
     tiny_config[key] = value
   with pytest.raises(ValueError, match=match):
-    train.train_and_evaluate(tiny_config, str(tmp_path))
+    launch.train_and_evaluate(tiny_config, str(tmp_path))
 
 
 def test_exports_npz_in_the_original_format(reference):
@@ -215,7 +215,7 @@ def test_fine_tune_at_higher_resolution(reference, tmp_path, capsys):
   config.pp.crop = 48  # the 2x2 patch grid becomes 3x3
   config.base_lr = 0.0
   config.total_steps = 2
-  params = train.train_and_evaluate(config, str(tmp_path))
+  params = launch.train_and_evaluate(config, str(tmp_path))
   assert 'Fine-tuning from' in capsys.readouterr().out
   np.testing.assert_array_equal(params['embedding']['kernel'],
                                 pretrained['embedding']['kernel'])
@@ -232,7 +232,7 @@ def test_fine_tune_at_higher_resolution(reference, tmp_path, capsys):
 def test_missing_pretrained_file(tiny_config, tmp_path):
   tiny_config.pretrained_path = str(tmp_path / 'nope.npz')
   with pytest.raises(FileNotFoundError, match='nope.npz'):
-    train.train_and_evaluate(tiny_config, str(tmp_path / 'w'))
+    launch.train_and_evaluate(tiny_config, str(tmp_path / 'w'))
 
 
 def test_inference_time(tiny_config, tmp_path, capsys):
@@ -244,19 +244,19 @@ def test_inference_time(tiny_config, tmp_path, capsys):
 
 def test_trains_a_mixer(tiny_config, tmp_path):
   """The model family follows the name prefix, as the original's get_model."""
-  from vit_jax.models import presets as model_configs  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import registry  # pylint: disable=g-import-not-at-top
   tiny_config.model_name = 'Mixer-testing'
-  tiny_config.model = model_configs.MODEL_CONFIGS[
+  tiny_config.model = registry.MODEL_CONFIGS[
       'Mixer-testing'].copy_and_resolve_references()
   tiny_config.total_steps = 2
-  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  params = launch.train_and_evaluate(tiny_config, str(tmp_path))
   assert 'MixerBlock_0' in params and 'stem' in params
   assert np.load(tmp_path / 'Mixer-testing.npz')['head/kernel'].shape == (16, 10)
 
 
 def _state_in(config, workdir):
   """(TrainState, step) as a run in `workdir` starts: restored, else fresh."""
-  task = train.make_task(config, workdir)
+  task = launch.make_task(config, workdir)
   manager = loop.make_manager(config, workdir)
   state, _, step = loop.create_state(task, config, task.mesh, manager)
   manager.close()
@@ -269,9 +269,9 @@ def test_fsdp_equals_replicated(tiny_config, tmp_path):
   tiny_config.model.transformer.mlp_dim = 128
   tiny_config.total_steps = 3
   tiny_config.checkpoint_every = 0
-  replicated = train.train_and_evaluate(tiny_config, str(tmp_path / 'rep'))
+  replicated = launch.train_and_evaluate(tiny_config, str(tmp_path / 'rep'))
   tiny_config.sharding_strategy = 'fsdp'
-  fsdp = train.train_and_evaluate(tiny_config, str(tmp_path / 'fsdp'))
+  fsdp = launch.train_and_evaluate(tiny_config, str(tmp_path / 'fsdp'))
   chex.assert_trees_all_close(fsdp, replicated, rtol=1e-5, atol=1e-6)
   kernel = fsdp['Transformer']['encoderblock_0']['MlpBlock_0']['Dense_0'][
       'kernel']
@@ -298,7 +298,7 @@ def test_bf16_momentum_trains_like_float32(reference, tmp_path):
   config, _, expected = reference
   config = config.copy_and_resolve_references()
   config.momentum_dtype = 'bfloat16'
-  params = jax.device_get(train.train_and_evaluate(config, str(tmp_path)))
+  params = jax.device_get(launch.train_and_evaluate(config, str(tmp_path)))
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
   state, step = _state_in(config, str(tmp_path))
   assert step == 6
@@ -321,7 +321,7 @@ def test_bad_strategy_or_momentum_dtype(tiny_config, tmp_path, key, value,
                                         match):
   tiny_config[key] = value
   with pytest.raises(ValueError, match=match):
-    train.train_and_evaluate(tiny_config, str(tmp_path))
+    launch.train_and_evaluate(tiny_config, str(tmp_path))
 
 
 def test_all_scale_options_together(tiny_config, tmp_path):
@@ -336,7 +336,7 @@ def test_all_scale_options_together(tiny_config, tmp_path):
   tiny_config.sharding_strategy = 'fsdp'
   tiny_config.momentum_dtype = 'bfloat16'
   tiny_config.total_steps = 3
-  params = train.train_and_evaluate(tiny_config, str(tmp_path))
+  params = launch.train_and_evaluate(tiny_config, str(tmp_path))
   kernel = params['Transformer']['encoderblock']['MlpBlock_0']['Dense_0'][
       'kernel']
   assert kernel.shape == (2, 64, 128) and kernel.dtype == np.float32
@@ -358,21 +358,21 @@ def test_evaluate_only(reference, tmp_path, capsys):
   config = config.copy_and_resolve_references()
   config.trainer = 'evaluate'
   config.pretrained_dir = workdir  # {workdir}/testing.npz, head included
-  from_npz = train.evaluate(config, str(tmp_path / 'npz'))
+  from_npz = launch.evaluate(config, str(tmp_path / 'npz'))
   with open(tmp_path / 'npz' / 'results.json') as f:
     written = json.load(f)
   assert written['accuracy'] == from_npz['accuracy'] and written['count'] == 37
   config.pretrained_dir = None
-  from_workdir = train.evaluate(config, workdir)
+  from_workdir = launch.evaluate(config, workdir)
   for result in (from_npz, from_workdir):
     assert result['count'] == trained['count'] == 37
     np.testing.assert_allclose(result['accuracy'], trained['accuracy'])
     np.testing.assert_allclose(result['loss'], trained['loss'], rtol=1e-5)
   assert 'testing.npz: test accuracy' in capsys.readouterr().out
   with pytest.raises(FileNotFoundError, match='Nothing to evaluate'):
-    train.evaluate(config, str(tmp_path / 'empty'))
+    launch.evaluate(config, str(tmp_path / 'empty'))
   # At another size the position table is resized, as for fine-tuning.
   config.pretrained_dir, config.pp.crop = workdir, 48
-  assert train.evaluate(config, str(tmp_path / 'other_size'))['count'] == 37
+  assert launch.evaluate(config, str(tmp_path / 'other_size'))['count'] == 37
   assert ('resized pos_embedding from (1, 5, 10) to (1, 10, 10) (bicubic, '
           'grid 2x2 -> 3x3)') in capsys.readouterr().err

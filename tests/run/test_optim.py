@@ -5,14 +5,14 @@ import jax
 import numpy as np
 import optax
 
-from vit_jax.run import config_checks
+from vit_jax.run import checks
 from vit_jax.run import optim
 
 
 def test_warmup_longer_than_a_short_run_is_clamped(tiny_config):
   """A debug run shorter than the warmup warms up for a tenth of it."""
   tiny_config.total_steps, tiny_config.warmup_steps = 60, 200
-  config_checks.validate(tiny_config, 8)
+  checks.validate(tiny_config, 8)
   schedule = optim.make_schedule(tiny_config)
   assert optim.warmup_steps(tiny_config) == 6
   np.testing.assert_allclose(float(schedule(6)), tiny_config.base_lr)

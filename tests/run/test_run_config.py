@@ -11,17 +11,18 @@ import pytest
 import tensorflow as tf
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import loading
 from vit_jax import convert
 from vit_jax import models
 from vit_jax import predict
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import default
-from vit_jax.convert import transform as preprocess
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.convert import transform
+from vit_jax.data import pipeline
 from vit_jax.evaluators import fewshot
-from vit_jax.run import config_checks
-from vit_jax.run import run_config
+from vit_jax.run import checks
+from vit_jax import run_config
+from vit_jax import launch
 
 DATA = helpers.DATA
 ROOT = helpers.ROOT
@@ -107,7 +108,7 @@ def test_checkpoint_record_applies_under_given_flags(tmp_path, capsys):
   npz = str(tmp_path / 'w.npz')
   clip = ([0.48145466, 0.4578275, 0.40821073],
           [0.26862954, 0.26130258, 0.27577711])
-  preprocess.save_transform(npz, {'mean': clip[0], 'std': clip[1], 'model': {
+  transform.save_transform(npz, {'mean': clip[0], 'std': clip[1], 'model': {
       'transformer': {'swiglu': True}}})
   config = command({'model_name': 'DINOv2-S_14', 'pretrained_path': npz})
   assert config.model.transformer.swiglu
@@ -130,7 +131,7 @@ def test_crop_that_makes_no_whole_patches(name, crop, message):
   config = command({'model_name': name, 'pp.crop': crop})
   with pytest.raises(ValueError, match=f'pp.crop={crop} does not fit {name}:'
                      f' sides must be {message}'):
-    config_checks.preflight(config)
+    launch.check(config)
 
 
 # Converted timm checkpoints through evaluate, few-shot and fine-tuning.
@@ -160,11 +161,11 @@ def _plumbing(fmnist_dirs):
 def _normalized_test_images(config, count, normalization):
   """The first test images as the pipeline resizes them, normalized here
   with `normalization` from the [-1, 1] scale (GOOGLE: as they are)."""
-  builder = input_pipeline.get_builder(config)
+  builder = pipeline.get_builder(config)
   pp = config.pp.copy_and_resolve_references()
   with pp.unlocked():
     pp.mean = pp.std = None
-  images = [input_pipeline.preprocess_eval(
+  images = [pipeline.preprocess_eval(
       tf.image.grayscale_to_rgb(example['image']), pp).numpy()
             for example in builder.as_dataset(split='test').take(count)]
   if normalization == GOOGLE:
@@ -177,7 +178,7 @@ def _recorded_model(name, npz):
   """The preset with what the converted file's record adds (SigLIP: timm's
   exact GELU)."""
   out = _preset(name)
-  for key, value in (preprocess.load_transform(npz).get('model') or
+  for key, value in (transform.load_transform(npz).get('model') or
                      {}).items():
     out[key] = dict(out[key], **value) if isinstance(value, dict) else value
   return out
@@ -198,7 +199,7 @@ def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
   results = {}
   for trainer in ('evaluate', 'fewshot', 'train'):
     run = command(dict(flags, trainer=trainer))
-    train.train_and_evaluate(run, str(tmp_path / trainer))
+    launch.train_and_evaluate(run, str(tmp_path / trainer))
     results[trainer] = json.loads(
         next((tmp_path / trainer).glob('*results.json')).read_text())
   assert 'fewshot_2shot' in results['fewshot']
@@ -207,18 +208,18 @@ def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
   # predict: the fine-tuned export, with the record's model settings.
   exported = str(tmp_path / 'train' / f'{name}.npz')
   model, params, _ = predict.load_classifier(
-      name, exported, crop, preprocess.load_transform(npz))
+      name, exported, crop, transform.load_transform(npz))
   probs = predict.predict(model, params, _normalized_test_images(
       config, 2, normalization))
   assert probs.shape == (2, 10) and np.allclose(probs.sum(-1), 1, atol=1e-5)
 
   # The evaluators' features: the converted model's at this size.
-  task = train.make_task(config, str(tmp_path / 'f'), training=False)
+  task = launch.make_task(config, str(tmp_path / 'f'), training=False)
   model, params = task.checkpoint(npz)
   evaluator = fewshot.Evaluator('fewshot', config.evals.fewshot,
                                 config=config, model=model, mesh=task.mesh)
   feats, _ = evaluator.features(params, 'test')
-  ref_model, ref_params, size = checkpoint.load_model(
+  ref_model, ref_params, size = loading.load_model(
       dict(_recorded_model(name, npz), model_name=name), npz, size=crop)
   ref_params.pop('head', None)
   images = _normalized_test_images(config, 8, normalization)
@@ -243,7 +244,7 @@ def test_shots_checked_before_any_feature(fmnist_dirs, tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r'fashion_mnist_local:train \(config.'
                      r'evals.fewshot.train\): class 0 has 10 examples, fewer '
                      'than 25 shots'):
-    train.train_and_evaluate(command(flags), str(tmp_path / 'wd'))
+    launch.train_and_evaluate(command(flags), str(tmp_path / 'wd'))
 
 
 def test_command_line(fmnist_dirs, tmp_path):

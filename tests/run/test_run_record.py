@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import interrupt_at
 from tests.conftest import make_tiny_config
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.run import run_record
 
 
@@ -19,7 +19,7 @@ def finished(tmp_path_factory, fmnist_dirs):
   """A finished 6-step run and its workdir."""
   config = make_tiny_config(fmnist_dirs)
   workdir = str(tmp_path_factory.mktemp('finished'))
-  train.train_and_evaluate(config, workdir)
+  launch.train_and_evaluate(config, workdir)
   return config, workdir
 
 
@@ -52,7 +52,7 @@ def test_changed_dataset_is_refused_and_nothing_changes(finished):
   with pytest.raises(ValueError, match=(
       r"(?s)other settings.*base_lr: 0.01 -> 0.5\n"
       r"  dataset: 'fashion_mnist_local' -> 'mnist5k'.*allow_config_change")):
-    train.train_and_evaluate(other, workdir)
+    launch.train_and_evaluate(other, workdir)
   assert _digests(workdir) == before
 
 
@@ -61,18 +61,18 @@ def test_free_settings_may_change_on_resume(finished, capsys):
   other = config.copy_and_resolve_references()
   other.progress_every, other.batch_eval, other.evals.test.every = 1, 16, 2
   run_record.check_config(other, workdir)  # no error
-  train.train_and_evaluate(other, workdir)
+  launch.train_and_evaluate(other, workdir)
   assert 'nothing to train' in capsys.readouterr().out
 
 
 def test_allowed_change_resumes_and_is_recorded(fmnist_dirs, tmp_path, capsys):
   config = make_tiny_config(fmnist_dirs)
   config.total_steps = 4
-  train.train_and_evaluate(config, str(tmp_path))
+  launch.train_and_evaluate(config, str(tmp_path))
   config.total_steps = 6
   with pytest.raises(ValueError, match='total_steps: 4 -> 6'):
-    train.train_and_evaluate(config, str(tmp_path))
-  train.train_and_evaluate(config, str(tmp_path), allow_config_change=True)
+    launch.train_and_evaluate(config, str(tmp_path))
+  launch.train_and_evaluate(config, str(tmp_path), allow_config_change=True)
   out = capsys.readouterr().out
   assert f'Resuming from step 4 in {tmp_path}' in out
   assert 'Done: 6 steps' in out
@@ -86,14 +86,14 @@ def test_evaluation_writes_beside_training_results(finished, tmp_path):
     trained = f.read()
   config = config.copy_and_resolve_references()
   config.trainer = 'evaluate'
-  result = train.train_and_evaluate(config, workdir)
+  result = launch.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'results.json'), 'rb') as f:
     assert f.read() == trained  # the training's figures are kept
   with open(os.path.join(workdir, 'eval_results.json')) as f:
     assert json.load(f)['accuracy'] == result['accuracy']
   # In its own workdir, evaluation writes results.json.
   config.pretrained_path = os.path.join(workdir, 'testing.npz')
-  train.train_and_evaluate(config, str(tmp_path / 'own'))
+  launch.train_and_evaluate(config, str(tmp_path / 'own'))
   assert os.listdir(tmp_path / 'own') == ['results.json'] or (
       'results.json' in os.listdir(tmp_path / 'own') and
       'eval_results.json' not in os.listdir(tmp_path / 'own'))
@@ -108,13 +108,13 @@ def test_failed_first_run_leaves_no_workdir(tiny_config, tmp_path,
   interrupt_at(monkeypatch, 0, crash)
   workdir = tmp_path / 'new'
   with pytest.raises(RuntimeError, match='simulated crash'):
-    train.train_and_evaluate(tiny_config, str(workdir))
+    launch.train_and_evaluate(tiny_config, str(workdir))
   assert not workdir.exists()
   # A workdir that existed before is left as it was found, files included.
   workdir.mkdir()
   (workdir / 'notes.txt').write_text('mine')
   with pytest.raises(RuntimeError, match='simulated crash'):
-    train.train_and_evaluate(tiny_config, str(workdir))
+    launch.train_and_evaluate(tiny_config, str(workdir))
   assert (workdir / 'notes.txt').read_text() == 'mine'
 
 
@@ -122,7 +122,7 @@ def test_a_short_run_reports_its_first_and_last_step(tiny_config, tmp_path,
                                                      capsys):
   tiny_config.progress_every, tiny_config.total_steps = 100, 3
   tiny_config.checkpoint_every = 0  # a save reports too
-  train.train_and_evaluate(tiny_config, str(tmp_path))
+  launch.train_and_evaluate(tiny_config, str(tmp_path))
   lines = [l for l in capsys.readouterr().out.splitlines() if ' loss ' in l
            and 'img/s' in l]
   assert [l.split(']')[0] for l in lines] == ['[1/3', '[3/3']

@@ -18,9 +18,9 @@ import scipy.special
 import tensorflow as tf
 
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import losses
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import dino_fmnist
 from vit_jax.configs import mae_fmnist
 from vit_jax.data import multicrop
@@ -337,9 +337,9 @@ def test_one_device_equals_eight(fmnist_dirs, tmp_path, monkeypatch):
   config = _small(dino_fmnist.get_config(), fmnist_dirs,
                   freeze_last_layer_epochs=0.)
   config.evals.knn.every = config.evals.fewshot.every = None
-  p8 = train.train_and_evaluate(config, str(tmp_path / 'eight'))
+  p8 = launch.train_and_evaluate(config, str(tmp_path / 'eight'))
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
-  p1 = train.train_and_evaluate(config, str(tmp_path / 'one'))
+  p1 = launch.train_and_evaluate(config, str(tmp_path / 'one'))
   chex.assert_trees_all_close(p1, p8, rtol=1e-4, atol=1e-6)
   # The step moved the student, the teacher followed, the centre moved.
   assert not np.allclose(p8['center'], 0)
@@ -353,7 +353,7 @@ def test_one_step_is_the_equations(fmnist_dirs, tmp_path):
   config = _small(dino_fmnist.get_config(), fmnist_dirs)
   config.total_steps = 1
   config.evals.knn.every = config.evals.fewshot.every = None
-  task = train.make_task(config, str(tmp_path))
+  task = launch.make_task(config, str(tmp_path))
   params0 = jax.jit(task.init_params)(jax.random.key(0))
   state = loop.TrainState.create(
       apply_fn=task.model.apply, params=params0,
@@ -383,19 +383,19 @@ def test_one_step_is_the_equations(fmnist_dirs, tmp_path):
 
 def test_pretrains_exports_and_fine_tunes(fmnist_dirs, tmp_path, capsys):
   config = _small(dino_fmnist.get_config(), fmnist_dirs, centering='sinkhorn')
-  params = jax.device_get(train.train_and_evaluate(config,
+  params = jax.device_get(launch.train_and_evaluate(config,
                                                    str(tmp_path / 'dino')))
   results = json.loads((tmp_path / 'dino' / 'results.json').read_text())
   assert 0 <= results['fewshot_2shot'] <= 1
   assert 0 <= results['knn_accuracy'] <= 1 and results['knn_count'] == 37
-  exported = checkpoint.load(str(tmp_path / 'dino' / 'ViT-fmnist.npz'))
+  exported = files.load(str(tmp_path / 'dino' / 'ViT-fmnist.npz'))
   assert 'mask_token' not in exported
   teacher = dict(params['teacher']['encoder'])
   del teacher['mask_token']
   jax.tree.map(np.testing.assert_array_equal, exported, teacher)
   finetune = _small(mae_fmnist.get_config('finetune'), fmnist_dirs)
   finetune.pretrained_path = str(tmp_path / 'dino' / 'ViT-fmnist.npz')
-  train.train_and_evaluate(finetune, str(tmp_path / 'finetune'))
+  launch.train_and_evaluate(finetune, str(tmp_path / 'finetune'))
   out = capsys.readouterr().out
   assert f'Fine-tuning from {finetune.pretrained_path}' in out
 
@@ -404,7 +404,7 @@ def test_dino_alone_trains_without_ibot_and_koleo(fmnist_dirs, tmp_path):
   config = _small(dino_fmnist.get_config('dino_v1'), fmnist_dirs)
   config.total_steps = 2
   config.evals.knn.every = config.evals.fewshot.every = None
-  params = train.train_and_evaluate(config, str(tmp_path))
+  params = launch.train_and_evaluate(config, str(tmp_path))
   np.testing.assert_array_equal(params['ibot_center'], 0)  # never used
   assert not np.allclose(params['center'], 0)
 
@@ -418,22 +418,22 @@ def test_bad_dino_settings_fail_before_compiling(fmnist_dirs, tmp_path):
   for i, (kw, match) in enumerate(cases):
     config = _small(dino_fmnist.get_config(), fmnist_dirs, **kw)
     with pytest.raises(ValueError, match=match):
-      train.train_and_evaluate(config, str(tmp_path / str(i)))
+      launch.train_and_evaluate(config, str(tmp_path / str(i)))
   config = _small(dino_fmnist.get_config(), fmnist_dirs)
   del config.dino.head['hidden_dim']
   with pytest.raises(ValueError, match=r"head lacks \['hidden_dim'\]"):
-    train.train_and_evaluate(config, str(tmp_path / 'head'))
+    launch.train_and_evaluate(config, str(tmp_path / 'head'))
   del config['dino']
   with pytest.raises(ValueError, match='needs config.dino'):
-    train.train_and_evaluate(config, str(tmp_path / 'none'))
+    launch.train_and_evaluate(config, str(tmp_path / 'none'))
   config = _small(dino_fmnist.get_config(), fmnist_dirs)
   config.model.classifier = 'gap'
   with pytest.raises(ValueError, match="classifier='token'"):
-    train.train_and_evaluate(config, str(tmp_path / 'gap'))
+    launch.train_and_evaluate(config, str(tmp_path / 'gap'))
   config = _small(dino_fmnist.get_config(), fmnist_dirs)
   config.batch, config.accum_steps = 16, 2
   with pytest.raises(ValueError, match='accum_steps=1'):
-    train.train_and_evaluate(config, str(tmp_path / 'accum'))
+    launch.train_and_evaluate(config, str(tmp_path / 'accum'))
 
 
 def _command(workdir, fmnist_dirs, steps):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_tiny_config
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.tasks import distillation
 
 
@@ -55,7 +55,7 @@ def teacher(tmp_path_factory, fmnist_dirs):
   """A trained tiny classifier's .npz, and the plain run of its config."""
   config = make_tiny_config(fmnist_dirs)
   workdir = str(tmp_path_factory.mktemp('teacher'))
-  params = train.train_and_evaluate(config, workdir)
+  params = launch.train_and_evaluate(config, workdir)
   return f'{workdir}/testing.npz', jax.device_get(params)
 
 
@@ -71,7 +71,7 @@ def _distill_config(fmnist_dirs, teacher_path, alpha):
 def test_without_the_teachers_weight_it_is_plain_training(
     teacher, fmnist_dirs, tmp_path):
   path, plain = teacher
-  params = train.train_and_evaluate(
+  params = launch.train_and_evaluate(
       _distill_config(fmnist_dirs, path, 0.), str(tmp_path))
   chex.assert_trees_all_close(jax.device_get(params), plain, rtol=1e-6,
                               atol=1e-7)
@@ -80,7 +80,7 @@ def test_without_the_teachers_weight_it_is_plain_training(
 def test_the_teacher_changes_what_is_learned(teacher, fmnist_dirs, tmp_path,
                                              capsys):
   path, plain = teacher
-  params = jax.device_get(train.train_and_evaluate(
+  params = jax.device_get(launch.train_and_evaluate(
       _distill_config(fmnist_dirs, path, 1.), str(tmp_path)))
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
   assert not np.allclose(params['head']['kernel'], plain['head']['kernel'])
@@ -93,14 +93,14 @@ def test_bad_distill_settings(teacher, fmnist_dirs, tmp_path):
   config = _distill_config(fmnist_dirs, path, 0.5)
   config.distill.kind = 'medium'
   with pytest.raises(ValueError, match="distill.kind='medium'"):
-    train.train_and_evaluate(config, str(tmp_path / 'a'))
+    launch.train_and_evaluate(config, str(tmp_path / 'a'))
   config = _distill_config(fmnist_dirs, '', 0.5)
   with pytest.raises(ValueError, match='needs a teacher'):
-    train.train_and_evaluate(config, str(tmp_path / 'b'))
+    launch.train_and_evaluate(config, str(tmp_path / 'b'))
   config = _distill_config(fmnist_dirs, path, 0.5)
   config.distill.teacher_model = 'ViT-Ti16'
   with pytest.raises(ValueError, match='did you mean ViT-Ti_16'):
-    train.train_and_evaluate(config, str(tmp_path / 'c'))
+    launch.train_and_evaluate(config, str(tmp_path / 'c'))
 
 
 def test_deit_fmnist_arms_run(fmnist_dirs, tmp_path):
@@ -120,5 +120,5 @@ def test_deit_fmnist_arms_run(fmnist_dirs, tmp_path):
     if arm == 'deit':
       config.distill.teacher_path = str(tmp_path / 'teacher' /
                                         'BiT-fmnist.npz')
-    train.train_and_evaluate(config, str(tmp_path / arm))
+    launch.train_and_evaluate(config, str(tmp_path / arm))
     assert (tmp_path / arm / 'results.json').exists(), arm

@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import interrupt_at
 from tests.conftest import make_tiny_config
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import flexivit_fmnist
-from vit_jax.run import config_checks
+from vit_jax.run import checks
 from vit_jax.tasks import classification
 
 
@@ -73,7 +73,7 @@ def test_trains_at_random_patch_sizes_and_resumes(flexi_config, tmp_path,
   """A crash in step 6 resumes from step 4's checkpoint: the same sizes are
   drawn again, the same parameters come out."""
   flexi_config.total_steps = 6
-  params = train.train_and_evaluate(flexi_config, str(tmp_path / 'whole'))
+  params = launch.train_and_evaluate(flexi_config, str(tmp_path / 'whole'))
   out = capsys.readouterr().out
   assert 'test accuracy at patch 4' in out and 'at patch 8' in out
   with open(tmp_path / 'whole' / 'results.json') as f:
@@ -85,9 +85,9 @@ def test_trains_at_random_patch_sizes_and_resumes(flexi_config, tmp_path,
 
   interrupt_at(monkeypatch, 5, crash)
   with pytest.raises(RuntimeError, match='simulated crash'):
-    train.train_and_evaluate(flexi_config, str(tmp_path / 'resumed'))
+    launch.train_and_evaluate(flexi_config, str(tmp_path / 'resumed'))
   monkeypatch.undo()
-  resumed = train.train_and_evaluate(flexi_config, str(tmp_path / 'resumed'))
+  resumed = launch.train_and_evaluate(flexi_config, str(tmp_path / 'resumed'))
   chex.assert_trees_all_close(resumed, params, rtol=1e-6, atol=1e-7)
 
 
@@ -101,13 +101,13 @@ def test_trains_at_random_patch_sizes_and_resumes(flexi_config, tmp_path,
 def test_config_errors(flexi_config, change, match):
   change(flexi_config)
   with pytest.raises(ValueError, match=match):
-    config_checks.validate(flexi_config, 8)
+    launch.check(flexi_config)  # the shared checks and the task's
 
 
 @pytest.mark.parametrize('arm', flexivit_fmnist.ARMS)
 def test_demo_config(arm):
   config = flexivit_fmnist.get_config(arm)
-  config_checks.validate(config, 1)
+  checks.validate(config, 1)
   model = classification.make_model(config, 10)
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros((1, 28, 28, 3)), train=False))['params']

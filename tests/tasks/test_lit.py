@@ -12,15 +12,15 @@ import tensorflow_datasets as tfds
 
 from vit_jax.configs import lit_fmnist
 from tests import helpers
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import models
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.data import captions as caption_data
-from vit_jax.data import pipeline as input_pipeline
+from vit_jax.data import pipeline
 from vit_jax.data import tokenizers
 from vit_jax.evaluators import zeroshot
 from vit_jax.run import loop
-from vit_jax.run import sharding
+from vit_jax.platform import sharding
 from vit_jax.tasks import lit
 
 
@@ -30,7 +30,7 @@ def image_npz(tmp_path):
   vit = models.get_model('testing', num_classes=10)
   params = helpers.random_params(vit, jnp.zeros((1, 32, 32, 3)), train=False)
   path = str(tmp_path / 'vit.npz')
-  checkpoint.save(params, path)
+  files.save(params, path)
   return path
 
 
@@ -64,7 +64,7 @@ def test_steps_lower_the_loss_and_leave_the_image_tower(
   config.base_lr = 3e-3
   config.total_steps = 100  # the schedule's length; 20 steps are taken
   task, state, batch = _state_and_batch(config, str(tmp_path))
-  loaded = checkpoint.load(image_npz)
+  loaded = files.load(image_npz)
   del loaded['head']  # no image projection: the class token is the embedding
   jax.tree.map(np.testing.assert_array_equal, state.params['img'], loaded)
   # No optimizer state for the locked tower.
@@ -107,7 +107,7 @@ def test_train_on_a_captions_folder_then_zeroshot(fmnist_dirs, image_npz,
                                     config.evals.zeroshot.class_names)
   config.evals.zeroshot.dataset = 'fashion_mnist_local'
   workdir = str(tmp_path / 'lit')
-  train.train_and_evaluate(config, workdir)
+  launch.train_and_evaluate(config, workdir)
   out = capsys.readouterr().out
   assert 'Done: 4 steps, zero-shot accuracy' in out
   exported = os.path.join(workdir, f'{config.model_name}.npz')
@@ -117,7 +117,7 @@ def test_train_on_a_captions_folder_then_zeroshot(fmnist_dirs, image_npz,
   assert trained['count'] == 37  # every test example, none padded in
 
   config.trainer = 'zeroshot'
-  result = train.evaluate(config, workdir)
+  result = launch.evaluate(config, workdir)
   assert result == {k: trained[k] for k in ('zeroshot_accuracy', 'count')}
 
 
@@ -183,7 +183,7 @@ def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):
     ref.append(mean / np.linalg.norm(mean))
   np.testing.assert_allclose(classes, np.stack(ref), atol=1e-5)
 
-  info = input_pipeline.dataset_info(input_pipeline.get_builder(config),
+  info = pipeline.dataset_info(pipeline.get_builder(config),
                                          config)
   settings = config.evals.zeroshot.copy_and_resolve_references()
   settings.templates = templates
@@ -192,7 +192,7 @@ def test_zeroshot_accuracy_matches_numpy(fmnist_dirs, image_npz, tmp_path):
                                  tokenizer=task.tokenizer)
   result = evaluator(params)
   images, labels = [], []
-  for batch in input_pipeline.eval_batches(info, config,
+  for batch in pipeline.eval_batches(info, config,
                                                     batch_size=37):
     images.append(batch['image'][batch['mask'] > 0])
     labels.append(batch['label'][batch['mask'] > 0].argmax(-1))
@@ -237,23 +237,23 @@ def test_bad_settings_fail_before_compiling(fmnist_dirs, image_npz, tmp_path):
   config = _config(fmnist_dirs, image_npz, 'softmax')
   config.lit.loss = 'sigmoid'  # but no bias
   with pytest.raises(ValueError, match='needs a learned bias'):
-    train.train_and_evaluate(config, str(tmp_path / 'a'))
+    launch.train_and_evaluate(config, str(tmp_path / 'a'))
   config = _config(fmnist_dirs, None)
   with pytest.raises(ValueError, match='image_init'):
-    train.train_and_evaluate(config, str(tmp_path / 'b'))
+    launch.train_and_evaluate(config, str(tmp_path / 'b'))
   config = _config(fmnist_dirs, image_npz)
   config.lit.class_captions = (('a cat',), ('a dog',))
   with pytest.raises(ValueError, match='2 lists for the 10 classes'):
-    train.train_and_evaluate(config, str(tmp_path / 'c'))
+    launch.train_and_evaluate(config, str(tmp_path / 'c'))
   config = _config(fmnist_dirs, image_npz)
   config.model.out_dim = (None, 12)
   with pytest.raises(ValueError, match='embeds in 10 dimensions, the text '
                      'tower in 12'):
-    train.train_and_evaluate(config, str(tmp_path / 'e'))
+    launch.train_and_evaluate(config, str(tmp_path / 'e'))
   config = _config(fmnist_dirs, image_npz)
   config.evals.zeroshot.templates = ('a photo',)
   with pytest.raises(ValueError, match='no {} for the class name'):
-    train.train_and_evaluate(config, str(tmp_path / 'd'))
+    launch.train_and_evaluate(config, str(tmp_path / 'd'))
 
 
 @pytest.mark.parametrize('loss', ['softmax', 'sigmoid'])

@@ -10,9 +10,10 @@ import pytest
 
 from tests import helpers
 from tests.conftest import make_tiny_config
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
+from vit_jax import checkpoint  # the original's helpers: load_pretrained
 from vit_jax import models
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import mae_fmnist
 from vit_jax.models import mae as models_mae
 from vit_jax.models import vit as models_vit
@@ -102,7 +103,7 @@ def test_the_exported_encoder_is_a_classifiers_checkpoint(tmp_path):
   params = helpers.random_params(mae, images, jnp.zeros((3, 1), jnp.int32),
                                  train=False)
   path = str(tmp_path / 'encoder.npz')
-  checkpoint.save(params['encoder'], path)
+  files.save(params['encoder'], path)
 
   classifier = models.VisionTransformer(num_classes=7, **encoder)
   fresh = classifier.init(jax.random.key(0), images[:1], train=False)
@@ -153,18 +154,18 @@ def _small(config, fmnist_dirs):
 
 def test_mae_fmnist_pretrains_then_fine_tunes(fmnist_dirs, tmp_path, capsys):
   config = _small(mae_fmnist.get_config(), fmnist_dirs)
-  params = jax.device_get(train.train_and_evaluate(config,
+  params = jax.device_get(launch.train_and_evaluate(config,
                                                    str(tmp_path / 'mae')))
   results = json.loads((tmp_path / 'mae' / 'results.json').read_text())
   assert 0 <= results['fewshot_2shot'] <= 1
   assert (tmp_path / 'mae' / 'mae_reconstructions.png').stat().st_size > 1000
-  exported = checkpoint.read_params(str(tmp_path / 'mae' / 'ViT-fmnist.npz'))
+  exported = files.read_params(str(tmp_path / 'mae' / 'ViT-fmnist.npz'))
   jax.tree.map(np.testing.assert_array_equal, exported, params['encoder'])
   assert 'few-shot linear accuracy' in capsys.readouterr().out
 
   finetune = _small(mae_fmnist.get_config('finetune'), fmnist_dirs)
   finetune.pretrained_path = str(tmp_path / 'mae' / 'ViT-fmnist.npz')
-  train.train_and_evaluate(finetune, str(tmp_path / 'finetune'))
+  launch.train_and_evaluate(finetune, str(tmp_path / 'finetune'))
   out = capsys.readouterr().out
   assert f'Fine-tuning from {finetune.pretrained_path}' in out
   assert 'Done: 3 steps, test accuracy' in out
@@ -174,12 +175,12 @@ def test_bad_mae_settings_fail_before_compiling(fmnist_dirs, tmp_path):
   config = make_tiny_config(fmnist_dirs)
   config.trainer = 'mae'
   with pytest.raises(ValueError, match='needs config.mae'):
-    train.train_and_evaluate(config, str(tmp_path / 'a'))
+    launch.train_and_evaluate(config, str(tmp_path / 'a'))
   config = _small(mae_fmnist.get_config(), fmnist_dirs)
   config.mae.mask_ratio = 0.95  # of 16 patches
   with pytest.raises(ValueError, match='leaves none of the 16'):
-    train.train_and_evaluate(config, str(tmp_path / 'b'))
+    launch.train_and_evaluate(config, str(tmp_path / 'b'))
   config = _small(mae_fmnist.get_config(), fmnist_dirs)
   config.model.classifier = 'gap'
   with pytest.raises(ValueError, match="classifier='token'"):
-    train.train_and_evaluate(config, str(tmp_path / 'c'))
+    launch.train_and_evaluate(config, str(tmp_path / 'c'))

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import navit_fmnist
 from vit_jax.data import navit as navit_data
 from vit_jax.data import packing
-from vit_jax.data import pipeline as input_pipeline
-from vit_jax.run import loop
+from vit_jax.data import pipeline
+from vit_jax.run import progress
 from vit_jax.tasks import navit
 
 
@@ -33,7 +33,7 @@ def _config(fmnist_dirs, arm='navit', steps=40):
 
 
 def _info(config):
-  return input_pipeline.dataset_info(input_pipeline.get_builder(config),
+  return pipeline.dataset_info(pipeline.get_builder(config),
                                          config)
 
 
@@ -148,21 +148,21 @@ def test_bad_navit_settings_fail_before_compiling(fmnist_dirs, tmp_path):
   config = _config(fmnist_dirs)
   del config.navit['window']
   with pytest.raises(ValueError, match=r"lacks \['window'\]"):
-    train.train_and_evaluate(config, str(tmp_path / 'a'))
+    launch.train_and_evaluate(config, str(tmp_path / 'a'))
   config = _config(fmnist_dirs)
   config.navit.max_tokens = 49
   with pytest.raises(ValueError, match='8x8 patches does not fit'):
-    train.train_and_evaluate(config, str(tmp_path / 'b'))
+    launch.train_and_evaluate(config, str(tmp_path / 'b'))
   config = _config(fmnist_dirs)
   config.navit.eval_sides = (14, 140)
   config.navit.max_tokens = 400
   with pytest.raises(ValueError, match='exceeds config.model.max_grid=16'):
-    train.train_and_evaluate(config, str(tmp_path / 'c'))
+    launch.train_and_evaluate(config, str(tmp_path / 'c'))
 
 
 def test_navit_arm_writes_accuracies_and_efficiency(fmnist_dirs, tmp_path,
                                                     capsys):
-  train.train_and_evaluate(_config(fmnist_dirs), str(tmp_path))
+  launch.train_and_evaluate(_config(fmnist_dirs), str(tmp_path))
   results = json.loads((tmp_path / 'results.json').read_text())
   for key in ('accuracy_14px', 'accuracy_28px', 'accuracy_42px',
               'accuracy_56px', 'accuracy_mixed'):
@@ -174,7 +174,7 @@ def test_navit_arm_writes_accuracies_and_efficiency(fmnist_dirs, tmp_path,
   # evaluator: the same accuracies as at the end of training.
   config = _config(fmnist_dirs)
   config.trainer = 'evaluate'
-  train.train_and_evaluate(config, str(tmp_path))
+  launch.train_and_evaluate(config, str(tmp_path))
   again = json.loads((tmp_path / 'eval_results.json').read_text())
   for key in ('accuracy_14px', 'accuracy_56px', 'accuracy_mixed'):
     assert again[key] == pytest.approx(results[key])
@@ -191,18 +191,18 @@ def test_speed_counts_images_not_sequences(fmnist_dirs):
       del step
       written.update(scalars)
 
-  progress = loop.Progress(_config(fmnist_dirs), Writer(), 0)
-  progress._previous_step, progress._previous_time = 0, 100.0
-  progress.add({'loss': np.float32(1.0), 'images': np.int32(30)})
-  progress.add({'loss': np.float32(2.0), 'images': np.int32(50)})
-  progress._apply(2, 110.0)
+  reporter = progress.Progress(_config(fmnist_dirs), Writer(), 0)
+  reporter._previous_step, reporter._previous_time = 0, 100.0
+  reporter.add({'loss': np.float32(1.0), 'images': np.int32(30)})
+  reporter.add({'loss': np.float32(2.0), 'images': np.int32(50)})
+  reporter._apply(2, 110.0)
   assert written['img_per_sec'] == pytest.approx(8.0)  # 80 images in 10 s
   assert written['train_loss'] == pytest.approx(1.5)
   assert 'images' not in written
 
 
 def test_vit28_arm_is_evaluated_at_every_side(fmnist_dirs, tmp_path):
-  train.train_and_evaluate(_config(fmnist_dirs, 'vit28', steps=8),
+  launch.train_and_evaluate(_config(fmnist_dirs, 'vit28', steps=8),
                            str(tmp_path))
   results = json.loads((tmp_path / 'results.json').read_text())
   for side in (14, 42, 56):

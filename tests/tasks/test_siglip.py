@@ -11,14 +11,14 @@ import pytest
 
 from tests import helpers
 
-from vit_jax import checkpoint
+from vit_jax.checkpoints import files
 from vit_jax import losses
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import siglip_fmnist
 from vit_jax.data import captions
 from vit_jax.data import tokenizers
 from vit_jax.models import lit as models_lit
-from vit_jax.models import presets as model_configs
+from vit_jax.models import registry
 
 
 def _embeddings(batch, width=8, seed=0):
@@ -78,16 +78,16 @@ def test_chunked_and_gathered_runs_end_alike(fmnist_dirs, tmp_path):
   for chunked in (True, False):
     workdir = tmp_path / str(chunked)
     config = _config(fmnist_dirs, siglip_chunked=chunked)
-    train.train_and_evaluate(config, str(workdir))
+    launch.train_and_evaluate(config, str(workdir))
     results = json.loads((workdir / 'results.json').read_text())
     assert 0 <= results['zeroshot_accuracy'] <= 1
-    params[chunked] = checkpoint.load(workdir / 'LiT-fmnist-siglip-scratch.npz')
+    params[chunked] = files.load(workdir / 'LiT-fmnist-siglip-scratch.npz')
   assert set(params[True]) == {'img', 'txt', 't', 'b'}
   diffs = jax.tree.map(lambda a, b: np.abs(a - b).max(), params[True],
                        params[False])
   assert max(jax.tree.leaves(diffs)) < 1e-5
   # Both towers learned: the image tower moved off its initialization.
-  fresh = train.make_task(_config(fmnist_dirs), str(tmp_path / 'f')
+  fresh = launch.make_task(_config(fmnist_dirs), str(tmp_path / 'f')
                           ).init_params(jax.random.key(0))
   assert np.abs(params[True]['img']['embedding']['kernel'] -
                 fresh['img']['embedding']['kernel']).max() > 1e-3
@@ -99,13 +99,13 @@ def test_big_vision_two_towers_give_big_vision_embeddings():
   own model code computed (scripts/make_big_vision_siglip_golden.py)."""
   data = helpers.DATA
   golden = np.load(os.path.join(data, 'big_vision_siglip_golden.npz'))
-  image = model_configs.MODEL_CONFIGS['SigLIP-testing'].to_dict()
+  image = registry.MODEL_CONFIGS['SigLIP-testing'].to_dict()
   model = models_lit.LitModel(
       image=image, text_model='text_transformer',
       text=dict(width=32, num_layers=2, mlp_dim=64, num_heads=2,
                 vocab_size=64), out_dim=(None, 32), temperature_init=10.0,
       bias_init=-10.0)
-  params = checkpoint.load(os.path.join(data, 'big_vision_siglip.npz'))
+  params = files.load(os.path.join(data, 'big_vision_siglip.npz'))
   zimg, ztxt, out = model.apply({'params': params}, images=golden['images'],
                                 tokens=golden['tokens'])
   np.testing.assert_allclose(zimg, golden['zimg'], rtol=1e-5, atol=1e-5)
@@ -123,11 +123,11 @@ def test_zeroshot_with_big_vision_checkpoint(fmnist_dirs, tmp_path):
       captions.all_captions(siglip_fmnist.get_config()), vocab, 64)
   config = _config(fmnist_dirs, trainer='zeroshot')
   with config.unlocked():
-    config.model.image = model_configs.MODEL_CONFIGS['SigLIP-testing'].to_dict()
+    config.model.image = registry.MODEL_CONFIGS['SigLIP-testing'].to_dict()
     config.model.text = dict(width=32, num_layers=2, mlp_dim=64, num_heads=2,
                              vocab_size=64)
     config.model.out_dim = (None, 32)
   config.lit.vocab_path = vocab
   config.pretrained_path = os.path.join(data, 'big_vision_siglip.npz')
-  result = train.evaluate(config, str(tmp_path / 'wd'))
+  result = launch.evaluate(config, str(tmp_path / 'wd'))
   assert result['count'] == 37 and 0 <= result['zeroshot_accuracy'] <= 1

@@ -7,10 +7,10 @@ import pytest
 
 from tests.conftest import make_tiny_config
 from vit_jax import models
-from vit_jax import train
+from vit_jax import launch
 from vit_jax.configs import common
 from vit_jax.configs import swin
-from vit_jax.run import config_checks
+from vit_jax.run import checks
 
 
 def test_tiny_swin_trains_on_the_mesh(fmnist_dirs, tmp_path, capsys):
@@ -20,7 +20,7 @@ def test_tiny_swin_trains_on_the_mesh(fmnist_dirs, tmp_path, capsys):
   config.optimizer = 'adamw'
   config.evals.test.every = 3
   assert jax.device_count() == 8
-  params = jax.device_get(train.train_and_evaluate(config, str(tmp_path)))
+  params = jax.device_get(launch.train_and_evaluate(config, str(tmp_path)))
   out = capsys.readouterr().out
   assert 'Done: 6 steps, test accuracy' in out
   table = params['layers_0']['blocks_1']['attn'][
@@ -36,7 +36,7 @@ def test_fine_tuning_presets(dataset):
       'Swin-T', 224, 'adamw')
   assert config.pp.mean == (0.485, 0.456, 0.406)  # timm's weights
   assert config.model.stochastic_depth == 0.1
-  config_checks.validate(config, 8)
+  checks.validate(config, 8)
   model = models.model_class(config.model_name)(
       num_classes=10, **config.model)
   assert models.count_params(model) > 27_000_000

@@ -77,7 +77,7 @@ def load_model(model_config, path, size=None, *, model=None,
   found = files.read_params(path)
   config = model_config_for(found, model_config)
   size = size or image_size(found, config)
-  cls = registry.model_class(config.get('model_name') or '')
+  cls = registry.model_class(config.get('model_name') or '', model_config)
   model = cls(**{k: v for k, v in config.items()
                  if k in cls.__dataclass_fields__ and k != 'parent'})
   expected = jax.eval_shape(lambda: model.init(

@@ -21,10 +21,12 @@ from vit_jax.platform import sharding
 class Evaluator:
   """The interface: `every`, `__call__(params) -> metrics`, `summary`,
   `scalars`; `headline`: its summary ends the run's last line; `features`:
-  it evaluates the model's features, so needs no head."""
+  it evaluates the model's features, so needs no head; `in_config`:
+  `config.evals` can name it (else a task builds it, `registry.build`)."""
 
   headline = True
   features = False
+  in_config = True
 
   def __init__(self, name, settings):
     self.name = name

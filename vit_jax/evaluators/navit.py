@@ -38,6 +38,8 @@ class _PerSide(common.Evaluator):
   """Accuracy at each of `config.navit.eval_sides` (`accuracy_{side}px`),
   on the test split of the run's dataset."""
 
+  in_config = False  # the NaViT task's own: it reads `config.navit`
+
   def __init__(self, name, settings, *, config, model, mesh, **_):
     super().__init__(name, settings)
     self.config, self.model, self.mesh = config, model, mesh

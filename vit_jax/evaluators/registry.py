@@ -17,6 +17,11 @@ def register(kind: str):
   return add
 
 
+def config_types() -> tuple:
+  """The types that `config.evals` names (NaViT's are its task's own)."""
+  return tuple(k for k, cls in EVALUATORS.items() if cls.in_config)
+
+
 def feature_types() -> tuple:
   """The types that evaluate a model's features, needing no head."""
   return tuple(k for k, cls in EVALUATORS.items() if cls.features)
@@ -38,9 +43,9 @@ def from_config(config, *, model, mesh, tokenizer=None, types=None):
   out = []
   for name, settings in config.evals.items():
     kind = settings.get('type')
-    if kind not in EVALUATORS:
+    if kind not in config_types():
       raise ValueError(f'config.evals.{name}.type={kind!r}; expected one of '
-                       f'{tuple(EVALUATORS)}.')
+                       f'{config_types()}.')
     if (kind in types) if types else settings.get('every') is not None:
       out.append(build(kind, name, settings, config=config, model=model,
                        mesh=mesh, tokenizer=tokenizer))

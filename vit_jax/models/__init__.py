@@ -24,3 +24,8 @@ from vit_jax.models.vit import AddPositionEmbs
 from vit_jax.models.vit import Encoder
 from vit_jax.models.vit import Encoder1DBlock
 from vit_jax.models.vit import MlpBlock
+from vit_jax.models import registry
+
+# The original's `models.model_configs` (its `configs/models.py`): the
+# presets, `model_configs.MODEL_CONFIGS`.
+model_configs = registry

@@ -23,6 +23,9 @@ import numpy as np
 from vit_jax.models import bert as models_bert
 from vit_jax.models import vit as models_vit
 
+# Where the published LiT files are (the original's `load_variables`).
+BASE_PATH = 'gs://vit_models/lit'
+
 
 
 class BertModel(nn.Module):

@@ -9,7 +9,7 @@ several images and padding (`vit_jax.data.packing` makes them):
   heights, widths: int (B, N), that grid's size (0 on padding).
 A token attends only to the tokens of its image (padding to padding), and
 each image is pooled on its own, so an image's logits do not depend on what
-it is packed with (tests/test_models_navit.py checks it).
+it is packed with (tests/models/test_navit.py checks it).
 
 The parameter names are the ViT's: `embedding` (a (p, p, C, D) kernel),
 `Transformer/posembed_input`, `Transformer/encoderblock_{i}`,

@@ -5,8 +5,9 @@ A family is a set of presets built by one class, with what its published
 weights need: their source (Google's or timm's), the input normalization,
 the native resolution, how timm lays out their state dict and which timm
 architectures are theirs. Nothing chooses a family by a preset's name:
-a preset belongs to the family that registered it; a name that is no
-preset is a custom model of `DEFAULT` (Google's ViT).
+a preset belongs to the family that registered it; a custom model (a name
+that is no preset) to the first family whose class takes every field of
+its config, else to `DEFAULT` (Google's ViT).
 """
 
 import copy
@@ -125,14 +126,23 @@ def register(family: Family) -> Family:
   return family
 
 
-def family(name: str) -> Family:
-  """The family of a preset; for any other name, `DEFAULT`'s."""
-  return _FAMILY_OF.get(name) or FAMILIES[DEFAULT]
+def family(name: str, model_config=None) -> Family:
+  """The family of a preset; of a custom model, the first whose class
+  takes every field of its `model_config` (else `DEFAULT`'s)."""
+  if name in _FAMILY_OF:
+    return _FAMILY_OF[name]
+  if model_config is not None:
+    fields = set(model_config.to_dict() if hasattr(model_config, 'to_dict')
+                 else model_config) - {'model_name'}
+    for fam in FAMILIES.values():
+      if fields <= set(fam.model.__dataclass_fields__):
+        return fam
+  return FAMILIES[DEFAULT]
 
 
-def model_class(name: str):
-  """The model class of a preset or custom model name (its family's)."""
-  return family(name).model
+def model_class(name: str, model_config=None):
+  """The model class of a preset or a custom model (`family`)."""
+  return family(name, model_config).model
 
 
 def get_model(name: str, **kw) -> nn.Module:

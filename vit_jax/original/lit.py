@@ -13,17 +13,13 @@ from vit_jax.models import lit
 with epy.lazy_imports():  # TensorFlow loads when a pipeline is asked for
   from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
 
-# Where the published LiT files are.
-BASE_PATH = 'gs://vit_models/lit'
-
-
 def load_variables(self, path=None, cache=True):
   """{'params': ...} of `path`, else of `{model_name}.npz` here, else of
   the published file (copied here first with `cache`)."""
   if path is None:
     path = local = f'{self.model_name}.npz'
     if not os.path.exists(local):
-      path = f'{BASE_PATH}/{self.model_name}.npz'
+      path = f'{lit.BASE_PATH}/{self.model_name}.npz'
       if cache:
         epath.Path(path).copy(local)
         path = local
@@ -32,7 +28,7 @@ def load_variables(self, path=None, cache=True):
 
 def vocab_path(self) -> str:
   ext = {'bert': 'txt', 'sentencepiece': 'model'}[self.pp.tokenizer_name]
-  return f'{BASE_PATH}/{self.model_name}.{ext}'
+  return f'{lit.BASE_PATH}/{self.model_name}.{ext}'
 
 
 def get_tokenizer(self):

@@ -52,7 +52,7 @@ def check_image_size(config) -> None:
   """`pp.crop` makes whole patches (a ViT) or windows (a Swin): as the
   model's family says (`Family.image_multiple`)."""
   model, side = config.model, config.pp.crop
-  image_multiple = registry.family(config.model_name).image_multiple
+  image_multiple = registry.family(config.model_name, model).image_multiple
   if 'navit' in config or model is None or image_multiple is None:
     return  # NaViT's images keep their own sizes
   found = image_multiple(model)
@@ -77,7 +77,7 @@ def check_patch_sizes(config) -> None:
             for name, e in config.evals.items() if e.get('patch_size')]
   if not sizes:
     return
-  if not registry.family(config.model_name).patch_resizable(model):
+  if not registry.family(config.model_name, model).patch_resizable(model):
     raise ValueError(f'config.{sizes[0][0]}: only a ViT without a ResNet '
                      "and with posemb other than 'learn2d' runs at another "
                      'patch size.')
@@ -90,8 +90,8 @@ def check_patch_sizes(config) -> None:
 
 
 def check_files(files):
-  """The local files of `files`, (config key, path) pairs, exist (remote
-  ones are fetched, and checked, by the task)."""
+  """The local files of `files`, (config key, path) pairs, exist where set
+  (remote ones are fetched, and checked, by the task)."""
   for key, path in files:
-    if not storage.is_remote(path) and not os.path.exists(path):
+    if path and not storage.is_remote(path) and not os.path.exists(path):
       raise FileNotFoundError(f'config.{key}: {path}: no such file.')

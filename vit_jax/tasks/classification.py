@@ -23,8 +23,8 @@ from vit_jax.tasks import registry
 def make_model(config, num_classes: int):
   """The model of `config.model`; `patch_sizes` is training's, not its."""
   kwargs = {k: v for k, v in config.model.items() if k != 'patch_sizes'}
-  return models.model_class(config.model_name)(num_classes=num_classes,
-                                               **kwargs)
+  cls = models.model_class(config.model_name, config.model)
+  return cls(num_classes=num_classes, **kwargs)
 
 
 def patch_index(rng, step, count: int):
@@ -107,10 +107,14 @@ class Task(base.Task):
     path = pretrained.pretrained_path(self.config)
     if not path:
       return None
+    # A ViT's table goes to the grid of `pp.crop` (other models have none,
+    # or change it from stage to stage).
+    grid = self.config.model.get('posemb_grid') or (
+        posemb.token_grid(self.config.model, (self.config.pp.crop,) * 2)
+        if isinstance(self.model, models.VisionTransformer) else None)
     params = loading.load_params(
         path, init_params=params, model_config=self.config.model,
-        new_head=True, new_grid=(self.config.model.get('posemb_grid') or
-                                 posemb.token_grid(self.config.model, (self.config.pp.crop,) * 2)))
+        new_head=True, new_grid=grid)
     print(f'Fine-tuning from {path}.', flush=True)
     return params
 

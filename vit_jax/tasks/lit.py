@@ -119,7 +119,7 @@ class Task(base.Task):
 
   @classmethod
   def evaluates(cls, config):
-    return models.model_class(config.model_name) is models_lit.LitModel
+    return models.model_class(config.model_name, config.model) is models_lit.LitModel
 
   def __init__(self, config, workdir, mesh, *, training=True):
     validate_lit_config(config)
