@@ -30,30 +30,32 @@ import sys
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
-import time  # pylint: disable=g-import-not-at-top,g-bad-import-order
+# pylint: disable=g-import-not-at-top,g-bad-import-order
+import time
 
-from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags  # pylint: disable=g-import-not-at-top
-import jax  # pylint: disable=g-import-not-at-top
-from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+from absl import app
+from absl import flags
+import jax
+from ml_collections import config_flags
+import tensorflow_datasets as tfds
 
-from vit_jax import cli  # pylint: disable=g-import-not-at-top
-from vit_jax import launch  # pylint: disable=g-import-not-at-top
-from vit_jax import run_config  # pylint: disable=g-import-not-at-top
-from vit_jax.data import labels as task_labels  # pylint: disable=g-import-not-at-top
-from vit_jax.data import pipeline  # pylint: disable=g-import-not-at-top
-from vit_jax.models import vit as models_vit  # pylint: disable=g-import-not-at-top
-from vit_jax.platform import sharding  # pylint: disable=g-import-not-at-top
-from vit_jax.platform import target  # pylint: disable=g-import-not-at-top
-from vit_jax.run import loop  # pylint: disable=g-import-not-at-top
-from vit_jax.tasks import registry  # pylint: disable=g-import-not-at-top
-from vit_jax.tpu_slices import check_libtpu  # pylint: disable=g-import-not-at-top
-from vit_jax.tpu_slices import Chip  # pylint: disable=g-import-not-at-top
-from vit_jax.tpu_slices import CHIPS  # pylint: disable=g-import-not-at-top,unused-import
-from vit_jax.tpu_slices import cores_per_chip  # pylint: disable=g-import-not-at-top
-from vit_jax.tpu_slices import parse_topology  # pylint: disable=g-import-not-at-top
-from vit_jax.tpu_slices import topology_devices  # pylint: disable=g-import-not-at-top
+from vit_jax import cli
+from vit_jax import launch
+from vit_jax import run_config
+from vit_jax.data import labels as task_labels
+from vit_jax.data import pipeline
+from vit_jax.models import vit as models_vit
+from vit_jax.platform import sharding
+from vit_jax.platform import target
+from vit_jax.run import loop
+from vit_jax.tasks import registry
+from vit_jax.tpu_slices import check_libtpu
+from vit_jax.tpu_slices import Chip
+from vit_jax.tpu_slices import CHIPS  # pylint: disable=unused-import
+from vit_jax.tpu_slices import cores_per_chip
+from vit_jax.tpu_slices import parse_topology
+from vit_jax.tpu_slices import topology_devices
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model

@@ -139,7 +139,8 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
       with out.model.unlocked():  # a record may set what a custom model lacks
         out.model.update(recorded.get('model') or {})
       if transform.recorded_normalization(recorded):
-        registry.set_normalization(out, transform.recorded_normalization(recorded))
+        registry.set_normalization(
+            out, transform.recorded_normalization(recorded))
     mine = {k: v for k, v in given.items()
             if k.startswith(('model.', 'pp.mean', 'pp.std'))}
     out.update_from_flattened_dict(mine)

@@ -54,10 +54,10 @@ def bucket(monkeypatch, tmp_path, request):
 
 
 def _copy_tree(src, dst):
-  for folder, _, files in tf.io.gfile.walk(src):
+  for folder, _, names in tf.io.gfile.walk(src):
     target = os.path.join(dst, os.path.relpath(folder, src))
     tf.io.gfile.makedirs(target)
-    for name in files:
+    for name in names:
       tf.io.gfile.copy(os.path.join(folder, name), os.path.join(target, name))
 
 

@@ -172,11 +172,12 @@ def _resize_posemb(params, init_params, path, posemb, prefix, method,
     try:
       table_grids = _table_grids(posemb, name, axis, have, want, prefix,
                                  **grids)
-      tables[name] = posemb_resize.resize_posemb_grid(tables[name], method=method,
-                                        **table_grids)
+      tables[name] = posemb_resize.resize_posemb_grid(
+          tables[name], method=method, **table_grids)
     except ValueError as e:
-      raise files.CheckpointError(f'Cannot resize {name} of {path} from {have} to '
-                            f'{want}: {e}') from e
+      raise files.CheckpointError(
+          f'Cannot resize {name} of {path} from {have} to {want}: {e}'
+      ) from e
     _note(path, f'resized {name} from {have} to {want} ({method}'
           + _grid_change(table_grids, have, prefix) + ')')
 
@@ -218,15 +219,17 @@ def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],
     k = relative[0]
     raise files.CheckpointError(
         f'Checkpoint {path} does not fit the model: {k} is '
-        f'{files.shape_of(have[k])} in the checkpoint and {files.shape_of(want[k])} in the '
+        f'{files.shape_of(have[k])} in the checkpoint and '
+        f'{files.shape_of(want[k])} in the '
         'model. Relative position tables never depend on the resolution: '
         'keep transformer.relative_max_distance and the heads of '
         'pre-training.\n' +
         files.wrong_shapes('relative position tables', relative, have, want))
   if mixing:  # sorted first: MixerBlock_0/token_mixing/Dense_0/kernel
     raise files.CheckpointError(
-        f'Checkpoint {path} is an MLP-Mixer for {files.shape_of(have[mixing[0]])[0]} '
-        f'patches, but the model makes {files.shape_of(want[mixing[0]])[0]}: its '
+        f'Checkpoint {path} is an MLP-Mixer for '
+        f'{files.shape_of(have[mixing[0]])[0]} patches, but the model makes '
+        f'{files.shape_of(want[mixing[0]])[0]}: its '
         'token-mixing MLPs are as wide as the number of patches, so it '
         'cannot be fine-tuned at another resolution.\n' +
         files.wrong_shapes('token-mixing parameters', mixing, have, want))
@@ -250,7 +253,8 @@ def _fit_head(params, init_params, new_head, path):
     elif head not in init_params and params.pop(head, None):
       _note(path, f'dropped the {head} (the model has none)')
   if not _has_pre_logits(init_params):
-    # files.inspect_params gives back the model's {} if it has a parameter-less one.
+    # inspect_params gives back the model's {} if it has a parameter-less
+    # one.
     if 'kernel' in (params.pop('pre_logits', None) or {}):
       _note(path, 'dropped pre_logits (the model has none)')
   elif new_head and not _has_pre_logits(params):

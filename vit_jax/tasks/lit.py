@@ -119,7 +119,8 @@ class Task(base.Task):
 
   @classmethod
   def evaluates(cls, config):
-    return models.model_class(config.model_name, config.model) is models_lit.LitModel
+    cls = models.model_class(config.model_name, config.model)
+    return cls is models_lit.LitModel
 
   def __init__(self, config, workdir, mesh, *, training=True):
     validate_lit_config(config)

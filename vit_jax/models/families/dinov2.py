@@ -27,5 +27,6 @@ def _dinov2s(name, *row_and_swiglu):
 
 
 registry.register(vit_families.vit_family(
-    'DINOv2', [c for name, row in _DINOV2S.items() for c in _dinov2s(name, *row)],
+    'DINOv2',
+    [c for name, row in _DINOV2S.items() for c in _dinov2s(name, *row)],
     weights='timm', native=518))

@@ -27,5 +27,6 @@ def _dinov3s(name, *row):
 
 
 registry.register(vit_families.vit_family(
-    'DINOv3', [c for name, row in _DINOV3S.items() for c in _dinov3s(name, *row)],
+    'DINOv3',
+    [c for name, row in _DINOV3S.items() for c in _dinov3s(name, *row)],
     weights='timm', timm_layout='eva', timm_architecture=r'.*_dinov3\w*'))
