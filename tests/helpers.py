@@ -6,6 +6,7 @@ shapes, since initializing costs more than applying on CPU. References:
 numpy code written from the papers' equations, independent of `vit_jax`.
 """
 
+import json
 import os
 
 import jax
@@ -112,3 +113,12 @@ def assert_npz_close(actual_path, expected_path):
   for key in expected.files:
     np.testing.assert_allclose(actual[key], expected[key], rtol=1e-5,
                                atol=1e-6, err_msg=key)
+
+
+def predict_golden():
+  """(the picture, timm's outputs for it, the record `convert` writes for
+  its checkpoint) of scripts/make_predict_golden.py."""
+  image = os.path.join(DATA, 'predict_image.jpg')  # 300 x 200
+  golden = np.load(os.path.join(DATA, 'timm_predict.npz'))
+  with open(os.path.join(DATA, 'timm_predict.transform.json')) as f:
+    return image, golden, json.load(f)

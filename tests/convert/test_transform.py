@@ -6,8 +6,6 @@ scripts/make_predict_golden.py (torch and timm); these tests need neither.
 PIL decodes the JPEG here as it did there (pillow is pinned).
 """
 
-import json
-import os
 import subprocess
 import sys
 
@@ -23,10 +21,7 @@ from vit_jax.models import registry
 
 ROOT = helpers.ROOT
 DATA = helpers.DATA
-IMAGE = os.path.join(DATA, 'predict_image.jpg')  # 300 x 200
-GOLDEN = np.load(os.path.join(DATA, 'timm_predict.npz'))
-with open(os.path.join(DATA, 'timm_predict.transform.json')) as f:
-  RECORD = json.load(f)
+IMAGE, GOLDEN, RECORD = helpers.predict_golden()
 # The arguments of timm's transforms in the script.
 TIMM_TRANSFORMS = {
     'center': dict(crop_pct=0.875, interpolation='bicubic', crop_mode='center',

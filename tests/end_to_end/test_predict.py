@@ -5,7 +5,6 @@ scripts/make_predict_golden.py (torch and timm); these tests need neither.
 PIL decodes the JPEG here as it did there (pillow is pinned).
 """
 
-import json
 import os
 import shutil
 import subprocess
@@ -27,10 +26,7 @@ from vit_jax.convert import transform
 
 ROOT = helpers.ROOT
 DATA = helpers.DATA
-IMAGE = os.path.join(DATA, 'predict_image.jpg')  # 300 x 200
-GOLDEN = np.load(os.path.join(DATA, 'timm_predict.npz'))
-with open(os.path.join(DATA, 'timm_predict.transform.json')) as f:
-  RECORD = json.load(f)
+IMAGE, GOLDEN, RECORD = helpers.predict_golden()
 SQUASH_FLAGS = ['--crop_mode=squash', '--crop_pct=1', '--interpolation=bilinear',
                 '--mean=0.5', '--std=0.5']
 
