@@ -1,1 +1,2 @@
-"""The run: the loop, optimizer, mesh and shardings, storage, records and checks."""
+"""The run: the loop, its progress lines, the optimizer, the checks every run
+shares and the workdir's record. It is handed a task."""
