@@ -335,3 +335,17 @@ def test_lit_notebook(tmp_path, monkeypatch):
   resized = tf.image.resize(images_list[0], (32, 48), method='bilinear')
   want = tf.cast(tf.cast(resized[:, 8:40], tf.uint8), tf.float32) / 255 * 2 - 1
   np.testing.assert_array_equal(cropped[0], want)
+
+
+def test_the_original_module_names_are_the_modules_of_now():
+  """`original.MODULES`: each of the original's names imports the module
+  that holds its code, the same object."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from vit_jax import original  # pylint: disable=g-import-not-at-top
+  for alias, target in original.MODULES.items():
+    assert importlib.import_module(alias) is importlib.import_module(target)
+  from vit_jax.models import lit  # pylint: disable=g-import-not-at-top
+  for name in ('load_variables', 'get_tokenizer', 'get_image_preprocessing',
+               'get_pp', 'vocab_path'):
+    assert hasattr(lit.LitModel, name), name
+  assert models.model_configs.MODEL_CONFIGS is models.MODEL_CONFIGS

@@ -73,9 +73,6 @@ class Family:
   image_multiple: Optional[Callable[[Any], Optional[Tuple[tuple, str]]]] = None
   patch_resizable: Callable[[Any], bool] = lambda model_config: False
 
-  def __hash__(self):
-    return hash(self.name)
-
   @property
   def input_normalization(self) -> Tuple[tuple, tuple]:
     """(mean, std) of the inputs that its weights expect."""
@@ -116,13 +113,13 @@ def register(family: Family) -> Family:
   once instead of adding a field)."""
   if family.name in FAMILIES:
     raise ValueError(f'Family {family.name} is registered twice.')
+  for config in family.presets:
+    if config.model_name in MODEL_CONFIGS:
+      raise ValueError(f'Preset {config.model_name} is registered twice.')
   FAMILIES[family.name] = family
   for config in family.presets:
-    name = config.model_name
-    if name in MODEL_CONFIGS:
-      raise ValueError(f'Preset {name} is registered twice.')
-    MODEL_CONFIGS[name] = config.lock()
-    _FAMILY_OF[name] = family
+    MODEL_CONFIGS[config.model_name] = config.lock()
+    _FAMILY_OF[config.model_name] = family
   return family
 
 
