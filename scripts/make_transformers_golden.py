@@ -1,0 +1,269 @@
+r"""Writes the golden folders of Hugging Face transformers' vision models.
+
+Needs torch and transformers 5.23 (in a venv of their own); the tests need
+neither.
+
+  python scripts/make_transformers_golden.py
+
+writes into tests/data:
+- transformers/NAME: a small random model of each class in MODELS (every
+  parameter moved off its init by N(0, 0.3)), saved by its own
+  `save_pretrained` (config.json, model.safetensors), with the
+  `preprocessor_config.json` of the hub checkpoint it stands for and, for
+  the two-tower models, a tiny tokenizer of the hub's kind (CLIP's
+  byte-level BPE, SigLIP's SentencePiece).
+- transformers_golden.npz: images (NHWC, as the models take them after
+  their processor) and transformers' outputs, as NAME/OUTPUT; for DINOv2 at
+  a second and third size too (its table resized at run time); the
+  tokenizers' ids of PROMPTS as NAME/input_ids; the processors' pixels of
+  tests/data/predict_image.jpg (every 8th row and column) as
+  PROCESSOR/pixels.
+"""
+
+import io
+import os
+import shutil
+
+import numpy as np
+from PIL import Image
+import sentencepiece as spm
+import torch
+import transformers
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'tests', 'data')
+OUT = os.path.join(DATA, 'transformers')
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+             intermediate_size=64)
+# The ViT `testing` preset's shapes (vit_jax has no 32-wide Google ViT).
+VIT_TESTING = dict(hidden_size=10, num_hidden_layers=1, num_attention_heads=2,
+                   intermediate_size=10, patch_size=16, image_size=32)
+PROMPTS = ['a photo of a Dog.', 'A PICTURE of a cat, sitting!', 'a bird']
+TEXT = dict(SMALL, max_position_embeddings=16)
+
+# The hub checkpoints' preprocessor_config.json, as published.
+_IMAGENET = dict(image_mean=[0.485, 0.456, 0.406],
+                 image_std=[0.229, 0.224, 0.225])
+_HALF = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+_CLIP = dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
+             image_std=[0.26862954, 0.26130258, 0.27577711])
+PROCESSORS = {
+    # google/vit-base-patch16-224: resize 224 x 224, bilinear, no crop.
+    'vit': ('ViTImageProcessor', dict(
+        do_resize=True, size={'height': 224, 'width': 224}, resample=2,
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, **_HALF)),
+    # facebook/deit-base-distilled-patch16-224: 256 bicubic, crop 224.
+    'deit': ('DeiTImageProcessor', dict(
+        do_resize=True, size={'height': 256, 'width': 256}, resample=3,
+        do_center_crop=True, crop_size={'height': 224, 'width': 224},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        **_IMAGENET)),
+    # facebook/dinov2-small: short side 256 bicubic, crop 224.
+    'dinov2': ('BitImageProcessor', dict(
+        do_resize=True, size={'shortest_edge': 256}, resample=3,
+        do_center_crop=True, crop_size={'height': 224, 'width': 224},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        do_convert_rgb=True, **_IMAGENET)),
+    # openai/clip-vit-base-patch32: short side 224 bicubic, crop 224.
+    'clip': ('CLIPImageProcessor', dict(
+        do_resize=True, size={'shortest_edge': 224}, resample=3,
+        do_center_crop=True, crop_size={'height': 224, 'width': 224},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        do_convert_rgb=True, **_CLIP)),
+    # google/siglip-base-patch16-224: 224 x 224 bicubic, [-1, 1].
+    'siglip': ('SiglipImageProcessor', dict(
+        do_resize=True, size={'height': 224, 'width': 224}, resample=3,
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, **_HALF)),
+    # facebook/vit-mae-base: 224 x 224 bilinear, ImageNet.
+    'mae': ('ViTImageProcessor', dict(
+        do_resize=True, size={'height': 224, 'width': 224}, resample=2,
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        **_IMAGENET)),
+    # microsoft/swin-tiny-patch4-window7-224: 224 x 224 bicubic, ImageNet.
+    'swin': ('ViTImageProcessor', dict(
+        do_resize=True, size={'height': 224, 'width': 224}, resample=3,
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        **_IMAGENET)),
+}
+
+T = transformers
+# name: (class, its config, image side, processor, hub name).
+MODELS = {
+    'vit': (T.ViTForImageClassification, T.ViTConfig(
+        **VIT_TESTING, num_labels=5), 32, 'vit',
+            'google/vit-base-patch16-224'),
+    'vit_model': (T.ViTModel, T.ViTConfig(**VIT_TESTING), 32, 'vit',
+                  'google/vit-base-patch16-224-in21k'),
+    'deit': (T.DeiTForImageClassificationWithTeacher, T.DeiTConfig(
+        **SMALL, patch_size=8, image_size=32, num_labels=5), 32, 'deit',
+             'facebook/deit-base-distilled-patch16-224'),
+    'dinov2': (T.Dinov2Model, T.Dinov2Config(
+        **SMALL, patch_size=14, image_size=70, mlp_ratio=2), 70, 'dinov2',
+               'facebook/dinov2-small'),
+    'dinov2_registers': (T.Dinov2WithRegistersModel,
+                         T.Dinov2WithRegistersConfig(
+                             **SMALL, patch_size=14, image_size=70,
+                             mlp_ratio=2, num_register_tokens=4), 70, 'dinov2',
+                         'facebook/dinov2-with-registers-small'),
+    'clip_vision': (T.CLIPVisionModel, T.CLIPVisionConfig(
+        **SMALL, patch_size=16, image_size=32), 32, 'clip',
+                    'openai/clip-vit-base-patch32'),
+    'clip_vision_projection': (T.CLIPVisionModelWithProjection,
+                               T.CLIPVisionConfig(
+                                   **SMALL, patch_size=16, image_size=32,
+                                   projection_dim=24), 32, 'clip',
+                               'openai/clip-vit-base-patch32'),
+    'clip': (T.CLIPModel, None, 32, 'clip', 'openai/clip-vit-base-patch32'),
+    'siglip_vision': (T.SiglipVisionModel, T.SiglipVisionConfig(
+        **SMALL, patch_size=16, image_size=32), 32, 'siglip',
+                      'google/siglip-base-patch16-224'),
+    'siglip': (T.SiglipModel, None, 32, 'siglip',
+               'google/siglip-base-patch16-224'),
+    'mae': (T.ViTMAEModel, T.ViTMAEConfig(
+        **SMALL, patch_size=16, image_size=32), 32, 'mae',
+            'facebook/vit-mae-base'),
+    'mae_pretraining': (T.ViTMAEForPreTraining, T.ViTMAEConfig(
+        **SMALL, patch_size=16, image_size=32, decoder_hidden_size=16,
+        decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+        decoder_intermediate_size=32), 32, 'mae', 'facebook/vit-mae-base'),
+    'swin': (T.SwinForImageClassification, T.SwinConfig(
+        image_size=32, patch_size=2, embed_dim=4, depths=[2, 2, 2, 2],
+        num_heads=[1, 2, 2, 4], window_size=2, num_labels=5), 32, 'swin',
+             'microsoft/swin-tiny-patch4-window7-224'),
+}
+# DINOv2's table (5 x 5 patches) resized at run time to these sides.
+DINOV2_SIDES = (42, 98)
+
+
+def _clip_tokenizer(folder):
+  """A CLIP tokenizer with a byte-level alphabet and a few merges."""
+  bytes_to_unicode = transformers.models.clip.tokenization_clip.__dict__.get(
+      'bytes_to_unicode')
+  if bytes_to_unicode is None:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+  alphabet = list(bytes_to_unicode().values())
+  vocab = alphabet + [c + '</w>' for c in alphabet]
+  merges = [('p', 'h'), ('o', 't'), ('ph', 'ot'), ('c', 'a'),
+            ('ca', 't</w>'), ('d', 'o'), ('do', 'g</w>')]
+  vocab += [a + b for a, b in merges]
+  vocab += ['<|startoftext|>', '<|endoftext|>']
+  tokenizer = transformers.CLIPTokenizer(
+      vocab={v: i for i, v in enumerate(vocab)},
+      merges=list(merges), model_max_length=16)
+  tokenizer.save_pretrained(folder)
+  return tokenizer, len(vocab)
+
+
+def _siglip_tokenizer(folder):
+  """A SigLIP tokenizer: SentencePiece as the hub's (pad 0, </s> 1, unk 2)."""
+  model = io.BytesIO()
+  texts = [f'a photo of a {w}' for w in ('dog', 'cat', 'bird', 'ship',
+                                         'truck', 'horse', 'frog', 'deer')]
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts * 20), model_writer=model, vocab_size=40,
+      model_type='unigram', pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+      hard_vocab_limit=False, minloglevel=2, num_threads=1)
+  path = os.path.join(folder, 'spiece.model')
+  with open(path, 'wb') as f:
+    f.write(model.getvalue())
+  tokenizer = transformers.SiglipTokenizer(path, model_max_length=16)
+  tokenizer.save_pretrained(folder)
+  return tokenizer, tokenizer.vocab_size
+
+
+def _two_tower_config(name, vocab_size):
+  text = dict(TEXT, vocab_size=vocab_size)
+  vision = dict(SMALL, patch_size=16, image_size=32)
+  if name == 'clip':
+    return T.CLIPConfig(text_config=dict(text, eos_token_id=2),
+                        vision_config=vision, projection_dim=24)
+  return T.SiglipConfig(text_config=text, vision_config=vision)
+
+
+def _shift(model, scale=0.3):
+  with torch.no_grad():
+    for param in model.parameters():
+      param.add_(torch.randn_like(param) * scale)
+
+
+def _images(side, seed=0):
+  return np.random.default_rng(seed).normal(size=(2, side, side, 3)).astype(
+      np.float32)
+
+
+def _run(name, model, images, tokens=None):
+  """transformers' outputs of `images` (NHWC), by name."""
+  x = torch.from_numpy(images).permute(0, 3, 1, 2)
+  out = {}
+  with torch.no_grad():
+    if name in ('clip', 'siglip'):
+      result = model(input_ids=torch.from_numpy(tokens), pixel_values=x)
+      for key in ('image_embeds', 'text_embeds', 'logits_per_image'):
+        out[key] = getattr(result, key)
+    elif name.startswith('mae'):
+      # No masking, and the patches in order: the encoder as it is used.
+      model.config.mask_ratio = 0.
+      noise = torch.arange(x.shape[2] * x.shape[3] // 256)[None].float()
+      vit = model.vit if name == 'mae_pretraining' else model
+      out['last_hidden_state'] = vit(
+          x, noise=noise.repeat(len(x), 1)).last_hidden_state
+    else:
+      result = model(pixel_values=x)
+      for key in ('logits', 'pooler_output', 'image_embeds',
+                  'last_hidden_state'):
+        if getattr(result, key, None) is not None:
+          out[key] = result[key]
+  return {f'{name}/{k}': v.numpy() for k, v in out.items()}
+
+
+def _processor(name, folder, golden):
+  """The hub's preprocessor_config.json, and its pixels of the test image."""
+  cls_name, kwargs = PROCESSORS[name]
+  cls = getattr(transformers, cls_name.replace('Processor', 'ProcessorPil'),
+                None) or getattr(transformers, cls_name)
+  processor = cls(**kwargs)
+  processor.save_pretrained(folder)
+  image = Image.open(os.path.join(DATA, 'predict_image.jpg')).convert('RGB')
+  pixels = processor(images=image, return_tensors='np')['pixel_values']
+  # Every 8th row and column: the whole image, in a small file.
+  golden[f'{name}/pixels'] = np.asarray(pixels).transpose(0, 2, 3, 1)[
+      :, ::8, ::8]
+
+
+def main():
+  torch.manual_seed(0)
+  shutil.rmtree(OUT, ignore_errors=True)
+  golden = {}
+  for name, (cls, config, side, processor, hub) in MODELS.items():
+    folder = os.path.join(OUT, name)
+    os.makedirs(folder)
+    tokens = None
+    if config is None:  # a two-tower model: its tokenizer first
+      make = _clip_tokenizer if name == 'clip' else _siglip_tokenizer
+      tokenizer, vocab_size = make(folder)
+      config = _two_tower_config(name, vocab_size)
+      tokens = tokenizer(PROMPTS, padding='max_length', truncation=True,
+                         max_length=16, return_tensors='np')['input_ids']
+      golden[f'{name}/input_ids'] = tokens.astype(np.int32)
+    model = cls(config).eval()
+    _shift(model)
+    model.save_pretrained(folder)
+    with open(os.path.join(folder, 'HUB'), 'w') as f:
+      f.write(hub + '\n')
+    images = golden.setdefault(f'images/{side}', _images(side))
+    golden.update(_run(name, model, images, tokens))
+    if name.startswith('dinov2'):
+      for other in DINOV2_SIDES:
+        images = golden.setdefault(f'images/{other}', _images(other))
+        golden.update({f'{k}@{other}': v for k, v in _run(
+            name, model, images).items()})
+    if f'{processor}/pixels' not in golden:
+      _processor(processor, folder, golden)
+    else:
+      _processor(processor, folder, {})
+    print(name, sorted(model.state_dict())[:3], '...')
+  np.savez(os.path.join(DATA, 'transformers_golden.npz'), **golden)
+
+
+if __name__ == '__main__':
+  main()
