@@ -1,6 +1,7 @@
 """Reading timm's checkpoints (a folder, a weights file, a hub name) and
 converting them to the published .npz and back; the record beside it."""
 
+import hashlib
 import importlib
 import json
 import os
@@ -22,6 +23,7 @@ from vit_jax.convert.preset_inference import posemb_prefix
 from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
+from vit_jax.convert import transformers_layout
 from vit_jax.convert.names import missing_keys
 from vit_jax.convert.names import npz_to_timm
 from vit_jax.convert.names import timm_to_npz
@@ -131,21 +133,38 @@ class Source(NamedTuple):
 
 
 def from_timm(src: str, model_name: Optional[str] = None) -> Source:
-  """Reads timm's weights, and the config.json beside them, for vit_jax."""
+  """Reads a checkpoint in timm's or transformers' layout (which its
+  config.json tells), and the files beside it, for vit_jax."""
   weights, config_path = locate(src)
   state = read_timm(weights)
   config = {}
   if config_path is not None:
     with open(config_path) as f:
       config = json.load(f)
+  if transformers_layout.is_transformers(config):
+    return _from_transformers(state, config, weights, model_name)
   if convert_swin.is_swin(state):
     return _from_swin(state, config, model_name)
   if config_path is None:
+    if transformers_layout.looks_like_transformers(state):
+      raise ValueError(f"{weights} is in transformers' layout, whose "
+                       'settings only its config.json says: put it (and '
+                       'preprocessor_config.json) beside the weights.')
     return _from_bare(weights, state, model_name)
   if 'architecture' not in config:
-    raise ValueError("config.json names no 'architecture': it is not timm's.")
+    raise ValueError(f"{config_path} is neither timm's (no 'architecture') "
+                     "nor transformers' (no 'model_type' or "
+                     "'architectures').")
   eva = convert_eva.is_eva(config['architecture'])
   settings = (convert_eva.eva_settings if eva else timm_settings)(config)
+  return _from_vit(state, settings, weights, model_name, eva=eva,
+                   family=_family(config),
+                   transform=dict(config.get('pretrained_cfg') or {}))
+
+
+def _from_vit(state: Flat, settings, weights: str, model_name, *, eva=False,
+              family=None, transform=None) -> Source:
+  """timm's ViT (or Eva) state dict, computing as `settings` say."""
   overrides = (convert_eva.eva_overrides if eva else vit_overrides)(settings)
   _check_width(settings, state, weights)
   if eva:
@@ -161,10 +180,63 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   _check_config_dims(settings, flat, weights, eva)
   model_name = model_name or infer_preset(
       flat, settings['num_heads'], overrides['classifier'],
-      family=_family(config), overrides=overrides)
+      family=family, overrides=overrides)
   check_preset(flat, model_name, settings['num_heads'])
   return Source(flat, model_name, differences(model_name, overrides),
-                dict(config.get('pretrained_cfg') or {}))
+                dict(transform or {}))
+
+
+# The family of each kind of transformers' image tower.
+_TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
+                          'mae': 'MAE', 'clip': 'CLIP', 'siglip': 'SigLIP',
+                          'swin': 'Swin'}
+
+
+def _from_transformers(state: Flat, config, weights: str,
+                       model_name: Optional[str]) -> Source:
+  """A transformers checkpoint's image tower, as timm's model computing the
+  same; the eval transform from preprocessor_config.json."""
+  arch = transformers_layout.architecture(config)
+  kind = transformers_layout.kind(config)
+  timm_state, extra, dropped = transformers_layout.to_timm(state, config)
+  if dropped:
+    what = ('the text tower, projection and temperature' if arch in
+            transformers_layout.TWO_TOWERS else
+            "pre-training's " + ', '.join(sorted({d.split('.')[0] for d in
+                                                  dropped})))
+    print(f"Note: {weights} is transformers' {arch}: converting the image "
+          f'tower, without {what} ({len(dropped)} names).', file=sys.stderr)
+  family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
+  transform = _transformers_transform(weights, config, family)
+  if kind == 'swin':
+    transformers_layout.swin_settings(config)  # refuses what it cannot
+    source = _from_swin(timm_state, {}, model_name)
+    return source._replace(transform=transform)
+  settings = transformers_layout.vit_settings(config)
+  source = _from_vit(timm_state, settings, weights, model_name,
+                     family=family, transform=transform)
+  return source._replace(flat={**source.flat, **extra})
+
+
+def _transformers_transform(weights: str, config, family):
+  """preprocessor_config.json's eval transform (timm's keys), and how the
+  table is resized: transformers' DINOv2 resizes it to each input with
+  torch's plain bicubic (its registers' twin antialiases, as timm)."""
+  path = os.path.join(os.path.dirname(weights), 'preprocessor_config.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      out = transformers_layout.eval_transform(json.load(f))
+  else:
+    side = transformers_layout.vision_config(config).get('image_size', 224)
+    print(f'Note: no preprocessor_config.json beside {weights}: assuming '
+          f'{side} x {side} bicubic and the family\'s mean and std.',
+          file=sys.stderr)
+    mean, std = family.input_normalization
+    out = dict(input_size=[3, side, side], crop_pct=1.0, crop_mode='squash',
+               interpolation='bicubic', mean=list(mean), std=list(std))
+  if transformers_layout.architecture(config) == 'Dinov2Model':
+    out['posemb_resize'] = 'bicubic_torch'
+  return out
 
 
 def _check_width(settings, state: Flat, path: str) -> None:
@@ -295,7 +367,8 @@ def _record(dst: str, source: Source) -> None:
   any record of the file that `dst` replaces). What the source does not say
   is timm's default (`resolve_data_config`'s): center crop 0.875, bicubic,
   ImageNet's mean and std."""
-  sidecar = dict(transform.TIMM_DEFAULTS, **source.transform)
+  sidecar = dict(transform.TIMM_DEFAULTS, **source.transform,
+                 model_name=source.model_name)
   if source.overrides:
     sidecar['model'] = source.overrides
   path = transform.transform_path(dst)
@@ -359,3 +432,55 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   files.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
   _record(dst, source)
   return source.model_name
+
+
+def is_convertible(src: str) -> bool:
+  """Whether `src` is a checkpoint that `as_npz` converts: a timm or
+  transformers folder, a weights file, or a hub name (no .npz, no
+  workdir)."""
+  src = os.fspath(src)
+  if os.path.isdir(src):
+    return any(os.path.exists(os.path.join(src, n)) for n in _WEIGHTS)
+  if src.endswith(('.safetensors', '.bin', '.pth', '.pt')):
+    return True
+  return (not os.path.exists(src) and '://' not in src and
+          re.fullmatch(r'[\w.-]+/[\w.-]+', src) is not None)
+
+
+def cache_dir() -> str:
+  """Where converted checkpoints are kept: $VIT_JAX_CACHE/converted
+  (default ~/.cache/vit_jax/converted)."""
+  root = os.environ.get('VIT_JAX_CACHE') or os.path.join(
+      os.path.expanduser('~'), '.cache', 'vit_jax')
+  return os.path.join(root, 'converted')
+
+
+def as_npz(src: str, model_name: Optional[str] = None) -> str:
+  """`src` as a published .npz with its record: itself if it is none of
+  `is_convertible`'s, else converted once into `cache_dir()` (a new
+  conversion when the files change)."""
+  src = os.fspath(src)
+  if not is_convertible(src):
+    return src
+  if not os.path.exists(src):
+    src = fetch(src)
+  weights, config = locate(src)
+  key = [os.path.abspath(weights), model_name or '']
+  for path in (weights, config, os.path.join(os.path.dirname(weights),
+                                             'preprocessor_config.json')):
+    if path and os.path.exists(path):
+      stat = os.stat(path)
+      key += [path, stat.st_size, stat.st_mtime_ns]
+  digest = hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+  stem = os.path.basename(os.path.normpath(os.path.dirname(weights)))
+  dst = os.path.join(cache_dir(), f'{stem}-{digest}.npz')
+  if not os.path.exists(dst):
+    os.makedirs(cache_dir(), exist_ok=True)
+    # The record first, then the .npz by rename: a .npz here is complete.
+    partial = f'{dst[:-4]}.partial-{os.getpid()}.npz'
+    convert(src, partial, model_name)
+    os.replace(transform.transform_path(partial), transform.transform_path(
+        dst))
+    os.replace(partial, dst)
+    print(f'Note: {src} converted to {dst}.', file=sys.stderr)
+  return dst

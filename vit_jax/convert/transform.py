@@ -3,8 +3,10 @@
 `convert` records the source's eval transform beside the `.npz` it writes,
 in `<name>.transform.json`, with timm's `pretrained_cfg` keys:
 `input_size` ([3, H, W]), `crop_pct`, `interpolation`, `mean`, `std` and
-`crop_mode`, and `model`: overrides of the preset's model config, such as
-{"transformer": {"gelu_approximate": false}}. `predict` reads it back by
+`crop_mode`; `model`: overrides of the preset's model config, such as
+{"transformer": {"gelu_approximate": false}}; `model_name`: the preset;
+`posemb_resize`: how the position table is resized, where it is not the
+family's way (`posemb_resize.RESIZE_METHODS`). `predict` reads it back by
 default.
 
 `prepare(file, transform)` prepares an image with timm's meaning: PIL decodes
@@ -32,7 +34,9 @@ from vit_jax import cli
 from vit_jax.models import registry
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
-                  'crop_mode', 'model')
+                  'crop_mode', 'model', 'model_name', 'posemb_resize')
+# A record's keys that say nothing of the image transform.
+MODEL_KEYS = ('model', 'model_name', 'posemb_resize')
 
 # PIL's default `Image.MAX_IMAGE_PIXELS`: 1/4 GiB of RGB pixels once decoded.
 MAX_PIXELS = 89_478_485
@@ -145,7 +149,7 @@ def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
   given without a `crop_mode` that anything names means timm's center crop:
   the original release's squash has no crop."""
   recorded = recorded or {}
-  timm = any(k != 'model' for k in recorded)
+  timm = any(k not in MODEL_KEYS for k in recorded)
   fields = dict(TIMM_DEFAULTS if timm else GOOGLE)
   if not timm and normalization:  # the preset's, when nothing is recorded
     fields.update(mean=normalization[0], std=normalization[1])

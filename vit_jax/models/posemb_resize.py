@@ -13,7 +13,8 @@ import jax
 import numpy as np
 import scipy.ndimage
 
-RESIZE_METHODS = ('bicubic', 'bicubic_antialias', 'linear_zoom')
+RESIZE_METHODS = ('bicubic', 'bicubic_antialias', 'bicubic_torch',
+                  'linear_zoom')
 
 
 def square_side(n: int, what: str) -> int:
@@ -46,7 +47,10 @@ def resize_posemb_grid(posemb,
   (2: DeiT's class and distillation tokens). `method`: 'bicubic',
   `jax.image.resize(..., 'cubic', antialias=False)`; 'bicubic_antialias',
   torch's `interpolate(mode='bicubic', antialias=True)` as timm resizes
-  (`antialias_weights`; growing, the two agree); or 'linear_zoom', the
+  (`antialias_weights`; growing, the two agree); 'bicubic_torch', torch's
+  `interpolate(mode='bicubic')` without antialias, as transformers' DINOv2
+  resizes its table to each input (`torch_bicubic_weights`); or
+  'linear_zoom', the
   original's `scipy.ndimage.zoom(..., order=1)`, which aligns the end
   entries instead.
   """
@@ -74,10 +78,12 @@ def resize_posemb_grid(posemb,
   if method == 'bicubic':
     new = jax.image.resize(grid, (*new_grid, grid.shape[-1]), 'cubic',
                            antialias=False)
-  elif method == 'bicubic_antialias':
+  elif method in ('bicubic_antialias', 'bicubic_torch'):
+    weights = (antialias_weights if method == 'bicubic_antialias' else
+               torch_bicubic_weights)
     new = grid.astype(np.float64)
     for axis, (old, size) in enumerate(zip(old_grid, new_grid)):
-      new = np.moveaxis(np.tensordot(antialias_weights(old, size), new,
+      new = np.moveaxis(np.tensordot(weights(old, size), new,
                                      axes=(1, axis)), 0, axis)
   else:
     new = scipy.ndimage.zoom(
@@ -110,6 +116,21 @@ def antialias_weights(old: int, new: int) -> np.ndarray:
   offset = np.arange(old)[None, :] + 0.5 - centre[:, None]
   weights = _keys_cubic(offset / max(scale, 1.))
   return weights / weights.sum(axis=1, keepdims=True)
+
+
+def torch_bicubic_weights(old: int, new: int) -> np.ndarray:
+  """(new, old) float64 weights of torch's bicubic on one axis, without
+  antialias (`align_corners=False`): Keys' kernel with a = -0.75 at the
+  4 entries around (i + 0.5) * old / new - 0.5, never stretched; entries
+  past the border repeat the border entry (they are clamped)."""
+  source = (np.arange(new) + 0.5) * (old / new) - 0.5
+  first = np.floor(source).astype(int) - 1
+  weights = np.zeros((new, old))
+  for tap in range(4):
+    index = first + tap
+    np.add.at(weights, (np.arange(new), np.clip(index, 0, old - 1)),
+              _keys_cubic(source - index, a=-0.75))
+  return weights
 
 
 def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,

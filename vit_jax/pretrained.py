@@ -1,0 +1,99 @@
+"""From any checkpoint to a model: `from_pretrained` (`vit_jax.models.
+from_pretrained`).
+
+  m = models.from_pretrained('facebook/dinov2-small')  # or a folder, a file
+  x = transform.prepare('image.jpg', m.transform)[None]
+  features = m.model.apply({'params': m.params}, x, train=False)
+
+The source is a published .npz (its record beside it, if any), a timm or
+transformers folder or weights file or hub name (converted once, and
+cached: `convert.converter.as_npz`), or big_vision's .npz. The model is the
+preset plus everything the record says (the settings that differ, the
+head, the table's resize), at the recorded image size.
+"""
+
+import os
+from typing import Any, Dict, NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from vit_jax import cli
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
+from vit_jax.convert import converter
+from vit_jax.convert import transform as transforms
+from vit_jax.models import lit
+from vit_jax.models import registry
+
+
+class Pretrained(NamedTuple):
+  """A checkpoint's model, its parameters and its eval transform."""
+  model: nn.Module
+  params: Dict[str, Any]
+  transform: transforms.Transform
+
+
+def _preset_in_name(path: str) -> Optional[str]:
+  """The longest preset named in the file's name (ViT-B_16.npz,
+  imagenet21k_R50+ViT-B_16.npz), or None."""
+  name = os.path.basename(path)
+  found = [p for p in registry.MODEL_CONFIGS if p in name]
+  return max(found, key=len) if found else None
+
+
+def _merged(base: Dict[str, Any], overrides: Dict[str, Any]):
+  out = dict(base)
+  for key, value in overrides.items():
+    out[key] = (_merged(out.get(key) or {}, value) if isinstance(value, dict)
+                and isinstance(out.get(key), dict) else value)
+  return out
+
+
+def from_pretrained(src, *, model_name: Optional[str] = None,
+                    image_size: Optional[int] = None,
+                    **overrides) -> Pretrained:
+  """(model, params, transform) of the checkpoint `src`.
+
+  `model_name`: the preset, where neither a record nor the file's name says
+  it. `image_size`: the side the model sees (default: the recorded one,
+  else the one the position table implies); the table is resized to it as
+  the source does. `overrides` change the model config (nested dicts key by
+  key), e.g. `classifier='token_unpooled'` for every token's features.
+  """
+  src = os.fspath(src)
+  path = converter.as_npz(src, model_name)
+  record = transforms.load_transform(path) or {}
+  name = model_name or record.get('model_name') or _preset_in_name(path)
+  if name is None:
+    raise ValueError(f'{src}: neither a record nor its name says which preset '
+                     'it is: pass model_name=.')
+  if name not in registry.MODEL_CONFIGS:
+    raise ValueError(cli.closest(name, registry.MODEL_CONFIGS, 'model_name'))
+  config = _merged(transforms.model_config(registry.MODEL_CONFIGS[name],
+                                           record), overrides)
+  size = image_size or transforms.recorded_size(record)
+  normalization = (transforms.recorded_normalization(record) or
+                   registry.input_normalization(name))
+  if registry.model_class(name) is lit.LitModel:
+    model, params = _two_towers(config, path)
+    size = size or config['pp']['size']
+  else:
+    model, params, size = loading.load_model(
+        config, path, size, resize_method=record.get('posemb_resize'))
+  spec = transforms.resolve(size, record, normalization)
+  return Pretrained(model, params, spec)
+
+
+def _two_towers(config: Dict[str, Any], path: str):
+  """A LitModel and its parameters, as they are in the file."""
+  model = lit.LitModel(**{k: v for k, v in config.items()
+                          if k in lit.LitModel.__dataclass_fields__})
+  side = config['pp']['size']
+  abstract = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), images=np.zeros((1, side, side, 3), np.float32),
+      tokens=np.zeros((1, config['pp']['max_len']), np.int32)))['params']
+  params = loading.load_params(path, init_params=abstract, model_config={},
+                               resize_posemb=False)
+  return model, params
