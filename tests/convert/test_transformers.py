@@ -1,0 +1,196 @@
+"""Hugging Face transformers' checkpoints -> vit_jax, against transformers'
+own outputs: tests/data/transformers/NAME, saved by transformers 5.23 (tiny
+random models), and their outputs in transformers_golden.npz
+(scripts/make_transformers_golden.py)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from vit_jax.convert import converter
+from vit_jax.convert import transform
+from vit_jax.convert import transformers_layout
+from vit_jax import pretrained
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'data')
+FOLDERS = os.path.join(DATA, 'transformers')
+GOLDEN = np.load(os.path.join(DATA, 'transformers_golden.npz'))
+
+# name: (image side, golden output, what vit_jax's output is compared as).
+IMAGE_MODELS = {
+    'vit': (32, 'logits', 'same'),
+    'vit_model': (32, 'pooler_output', 'same'),
+    'deit': (32, 'logits', 'same'),
+    'dinov2': (70, 'pooler_output', 'same'),
+    'dinov2_registers': (70, 'pooler_output', 'same'),
+    'mae': (32, 'last_hidden_state', 'class token'),
+    'mae_pretraining': (32, 'last_hidden_state', 'class token'),
+    'clip_vision': (32, 'pooler_output', 'same'),
+    'clip_vision_projection': (32, 'image_embeds', 'same'),
+    'clip': (32, 'image_embeds', 'normalized'),
+    'siglip_vision': (32, 'pooler_output', 'same'),
+    'siglip': (32, 'image_embeds', 'normalized'),
+    'swin': (32, 'logits', 'same'),
+}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+  monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path / 'cache'))
+
+
+def _relative_error(have, want):
+  return float(np.abs(np.asarray(have) - want).max() / np.abs(want).max())
+
+
+def _outputs(m, images, how):
+  out = np.asarray(m.model.apply({'params': m.params}, images, train=False))
+  if how == 'normalized':
+    out = out / np.linalg.norm(out, axis=-1, keepdims=True)
+  return out
+
+
+@pytest.mark.parametrize('name', IMAGE_MODELS)
+def test_image_towers_give_transformers_outputs(name):
+  side, key, how = IMAGE_MODELS[name]
+  m = pretrained.from_pretrained(os.path.join(FOLDERS, name),
+                                 image_size=side)
+  want = GOLDEN[f'{name}/{key}']
+  if how == 'class token':  # the encoder's, after its final norm
+    want = want[:, 0]
+  got = _outputs(m, GOLDEN[f'images/{side}'], how)
+  assert got.shape == want.shape
+  assert _relative_error(got, want) < 1e-5
+
+
+def test_mae_gives_every_token_when_asked():
+  m = pretrained.from_pretrained(os.path.join(FOLDERS, 'mae'), image_size=32,
+                                 classifier='token_unpooled')
+  got = m.model.apply({'params': m.params}, GOLDEN['images/32'], train=False)
+  assert _relative_error(got, GOLDEN['mae/last_hidden_state']) < 1e-5
+
+
+@pytest.mark.parametrize('name', ['dinov2', 'dinov2_registers'])
+@pytest.mark.parametrize('side', [42, 98])
+def test_dinov2_table_resized_as_transformers_does(name, side):
+  """The 5 x 5 table at 3 x 3 and 7 x 7: torch's plain bicubic for DINOv2,
+  antialiased for its registers' twin."""
+  folder = os.path.join(FOLDERS, name)
+  m = pretrained.from_pretrained(folder, image_size=side)
+  want = GOLDEN[f'{name}/pooler_output@{side}']
+  got = _outputs(m, GOLDEN[f'images/{side}'], 'same')
+  assert _relative_error(got, want) < 1e-5
+  if name == 'dinov2':  # the record's method matters: another one is off
+    path = converter.as_npz(folder)
+    record = transform.load_transform(path)
+    assert record['posemb_resize'] == 'bicubic_torch'
+    record['posemb_resize'] = 'bicubic'
+    transform.save_transform(path, record)
+    other = pretrained.from_pretrained(folder, image_size=side)
+    assert _relative_error(_outputs(other, GOLDEN[f'images/{side}'], 'same'),
+                           want) > 1e-5
+
+
+def test_settings_carried_from_config_json(tmp_path):
+  """ViT's exact GELU and eps 1e-12 are recorded over the 'testing' preset;
+  the pooler is the original's pre_logits."""
+  dst = str(tmp_path / 'vit_model.npz')
+  assert converter.convert(os.path.join(FOLDERS, 'vit_model'), dst) == (
+      'testing')
+  record = transform.load_transform(dst)
+  assert record['model'] == {'transformer': {'gelu_approximate': False,
+                                             'layer_norm_eps': 1e-12}}
+  assert record['model_name'] == 'testing'
+  assert set(np.load(dst)) >= {'pre_logits/kernel', 'pre_logits/bias'}
+
+
+@pytest.mark.parametrize('processor,folder', [
+    ('vit', 'vit'), ('deit', 'deit'), ('dinov2', 'dinov2'), ('clip', 'clip'),
+    ('siglip', 'siglip'), ('mae', 'mae'), ('swin', 'swin')])
+def test_preprocessor_config_prepares_as_transformers(processor, folder):
+  """The recorded eval transform gives the processor's pixels (every 8th
+  row and column of its 224 x 224 output)."""
+  with open(os.path.join(FOLDERS, folder, 'preprocessor_config.json')) as f:
+    recorded = transformers_layout.eval_transform(json.load(f))
+  spec = transform.resolve(224, recorded)
+  pixels = transform.prepare(os.path.join(DATA, 'predict_image.jpg'), spec)
+  np.testing.assert_allclose(pixels[::8, ::8], GOLDEN[f'{processor}/pixels'][0],
+                             atol=1e-5)
+
+
+def test_every_class_converts_without_flags(tmp_path):
+  for name in IMAGE_MODELS:
+    dst = str(tmp_path / f'{name}.npz')
+    converter.convert(os.path.join(FOLDERS, name), dst)
+    assert transform.load_transform(dst)['model_name']
+
+
+def test_an_unsupported_architecture_is_named(tmp_path):
+  folder = tmp_path / 'dinov2_classifier'
+  shutil.copytree(os.path.join(FOLDERS, 'dinov2'), folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config['architectures'] = ['Dinov2ForImageClassification']
+  (folder / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=r"^transformers' "
+                     r'Dinov2ForImageClassification is not supported '
+                     r'\(supported: ViTForImageClassification, '):
+    converter.convert(str(folder), str(tmp_path / 'out.npz'))
+  assert not (tmp_path / 'out.npz').exists()
+
+
+def test_bare_weights_are_called_transformers(tmp_path):
+  shutil.copy(os.path.join(FOLDERS, 'vit', 'model.safetensors'),
+              tmp_path / 'model.safetensors')
+  with pytest.raises(ValueError, match="in transformers' layout.*config.json"):
+    converter.convert(str(tmp_path / 'model.safetensors'),
+                      str(tmp_path / 'out.npz'))
+
+
+def test_a_timm_folder_is_not_called_transformers(tmp_path):
+  folder = tmp_path / 'timm'
+  shutil.copytree(os.path.join(DATA, 'timm_hf', 'token'), folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config['architecture'] = 'vit_unknown_patch16_224'
+  (folder / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(ValueError) as error:
+    converter.convert(str(folder), str(tmp_path / 'out.npz'))
+  assert 'timm architecture' in str(error.value)
+  assert 'transformers' not in str(error.value)
+
+
+def test_conversion_is_cached_until_the_files_change(tmp_path):
+  folder = tmp_path / 'vit'
+  shutil.copytree(os.path.join(FOLDERS, 'vit'), folder)
+  first = converter.as_npz(str(folder))
+  assert converter.as_npz(str(folder)) == first
+  processor = folder / 'preprocessor_config.json'
+  processor.write_text(processor.read_text().replace('"resample": 2',
+                                                     '"resample": 3'))
+  second = converter.as_npz(str(folder))
+  assert second != first
+  assert transform.load_transform(second)['interpolation'] == 'bicubic'
+
+
+def test_from_pretrained_on_a_converted_npz(tmp_path):
+  """The .npz with its record gives what the folder gives; the published
+  name alone says the preset of a file without a record."""
+  dst = str(tmp_path / 'deit.npz')
+  converter.convert(os.path.join(FOLDERS, 'deit'), dst)
+  m = pretrained.from_pretrained(dst, image_size=32)
+  got = m.model.apply({'params': m.params}, GOLDEN['images/32'], train=False)
+  assert _relative_error(got, GOLDEN['deit/logits']) < 1e-5
+  assert m.transform.crop_pct == 0.875
+  os.remove(transform.transform_path(dst))
+  renamed = str(tmp_path / 'DeiT-testing-distilled.npz')
+  os.rename(dst, renamed)
+  m = pretrained.from_pretrained(renamed)
+  assert m.model.classifier == 'distilled'
+  assert m.transform.size == 32  # the table's, without a record
+  # The preset's eps (1e-6), not the record's 1e-12, without the record.
+  assert 'layer_norm_eps' not in m.model.transformer
+  with pytest.raises(ValueError, match='pass model_name='):
+    os.rename(renamed, str(tmp_path / 'weights.npz'))
+    pretrained.from_pretrained(str(tmp_path / 'weights.npz'))
