@@ -66,6 +66,8 @@ PARTS = [
     ('platform', r'vit_jax\.platform(\..*)?'),
     ('checkpoint files', r'vit_jax\.checkpoints\.(files|storage|pretrained)'),
     ('checkpoint reading', r'vit_jax\.checkpoints(\..*)?'),
+    # The models' face also offers `from_pretrained` (vit_jax.pretrained).
+    ('face', r'vit_jax\.models'),
     ('models', r'vit_jax\.models(\..*)?'),
     ('data pipeline', r'vit_jax\.data\.pipeline'),
     ('data', r'vit_jax\.data(\..*)?'),
@@ -74,6 +76,7 @@ PARTS = [
     ('run', r'vit_jax\.run(\..*)?'),
     ('tasks', r'vit_jax\.tasks(\..*)?'),
     ('entry points', r'vit_jax\.(main|launch|plan|run_config|tpu_slices|'
+                     r'pretrained|'
                      r'analysis\.__main__)'),
     ('analysis', r'vit_jax\.(analysis(\..*)?|predict)'),
     ('face', r'vit_jax'),

@@ -27,6 +27,7 @@ import numpy as np
 from vit_jax.checkpoints import loading
 from vit_jax import cli
 from vit_jax import models
+from vit_jax.convert import converter
 from vit_jax.convert import transform
 from vit_jax.models import registry
 
@@ -100,12 +101,16 @@ def main(argv):
   paths = argv[1:]
   if not paths:
     raise app.UsageError('Give one or more image files.')
-  recorded = transform.load_transform(FLAGS.checkpoint)
+  checkpoint = converter.as_npz(FLAGS.checkpoint)
+  recorded = transform.load_transform(checkpoint)
+  model_name = FLAGS.model_name or (recorded or {}).get('model_name')
+  if not model_name:
+    raise app.UsageError(f'--model_name: {FLAGS.checkpoint} has no record '
+                         'that names its preset.')
   model, params, size = load_classifier(
-      FLAGS.model_name, FLAGS.checkpoint,
+      model_name, checkpoint,
       FLAGS.size or transform.recorded_size(recorded), recorded)
-  spec = transform_for(FLAGS.checkpoint, recorded, size,
-                            FLAGS.model_name)
+  spec = transform_for(checkpoint, recorded, size, model_name)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:
@@ -124,12 +129,14 @@ def main(argv):
 
 if __name__ == '__main__':
   # Defined here, not on import, so that other modules may define theirs.
-  flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
-  flags.DEFINE_string('checkpoint', None, 'The .npz file or workdir.')
+  flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16 (default: '
+                      "the one the checkpoint's record names).")
+  flags.DEFINE_string('checkpoint', None, 'The .npz file or workdir, or a '
+                      'timm or transformers folder, file or hub name.')
   flags.DEFINE_string('labels', None, 'Class names, one per line.')
   flags.DEFINE_integer('size', None, 'Image side (default: the recorded '
                        "transform's, else the checkpoint's).")
   flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
   transform.define_flags()
-  flags.mark_flags_as_required(['model_name', 'checkpoint'])
+  flags.mark_flags_as_required(['checkpoint'])
   cli.run(main)

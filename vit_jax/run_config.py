@@ -2,7 +2,9 @@
 
 `--config.model_name=PRESET` on any config brings that preset's whole model
 config and the normalization its weights expect, in place of the config's
-own model. The record beside the checkpoint (`NAME.transform.json`, which
+own model; so does a record that names the preset, when the command line
+names none. A timm or transformers folder, file or hub name as
+`pretrained_path` is converted first (once, cached). The record beside the checkpoint (`NAME.transform.json`, which
 `convert` writes: the model settings that differ from the preset, mean and
 std) applies over that. Values given on the command line
 (`--config.model.*`, `--config.pp.mean`, `--config.pp.std`) win over both.
@@ -21,6 +23,7 @@ from ml_collections import config_flags
 from vit_jax import cli
 from vit_jax.checkpoints import pretrained
 from vit_jax.checkpoints import storage
+from vit_jax.convert import converter
 from vit_jax.convert import transform
 from vit_jax.models import registry
 
@@ -64,6 +67,17 @@ def checkpoint_record(config) -> Optional[Dict[str, Any]]:
   if not path or (storage.is_remote(path) and not path.startswith('gs://')):
     return None
   return transform.load_transform(path)
+
+
+def _convert_pretrained(config) -> None:
+  """A timm or transformers folder, weights file or hub name as
+  `pretrained_path`: converted once (`converter.as_npz`), the run reads the
+  .npz and its record."""
+  path = config.get('pretrained_path')
+  if path and converter.is_convertible(path):
+    config.pretrained_path = converter.as_npz(path)
+    _note(f'config.pretrained_path={path} is read as '
+          f'{config.pretrained_path}')
 
 
 def _model_dict(config) -> Dict[str, Any]:
@@ -126,6 +140,14 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
   name = config.model_name
   before = _model_dict(config), _normalization(config)
   with out.unlocked():
+    _convert_pretrained(out)
+    recorded_name = (checkpoint_record(out) or {}).get('model_name')
+    if ('model_name' not in given and recorded_name and
+        recorded_name != name and recorded_name in registry.MODEL_CONFIGS):
+      _note(f'{out.pretrained_path} is {recorded_name}, as its record says: '
+            f'the run uses that preset, not {name}')
+      out.model_name = name = recorded_name
+      given['model_name'] = name
     if 'model_name' in given:
       if name in registry.MODEL_CONFIGS:
         registry.set_model(out, name)

@@ -264,3 +264,22 @@ def test_command_line(fmnist_dirs, tmp_path):
           '(bicubic_antialias, grid 4x4 -> 2x2)') in done.stderr
   assert json.loads((tmp_path / 'wd' / 'results.json').read_text())[
       'fewshot_1shot'] >= 0
+
+
+def test_transformers_folder_as_pretrained_path(tmp_path, monkeypatch, capsys):
+  """A transformers folder is converted once; its record names the preset
+  and its settings, which the run takes without --config.model_name."""
+  monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path))
+  folder = os.path.join(DATA, 'transformers', 'deit')
+  config = command({'pretrained_path': folder})
+  assert config.pretrained_path.endswith('.npz')
+  assert config.pretrained_path.startswith(str(tmp_path))
+  assert config.model_name == 'DeiT-testing-distilled'
+  assert config.model.classifier == 'distilled'
+  assert config.model.transformer.layer_norm_eps == 1e-12
+  assert (config.pp.mean, config.pp.std) == IMAGENET
+  assert 'is DeiT-testing-distilled, as its record says' in (
+      capsys.readouterr().err)
+  # Named on the command line, the preset wins over the record's.
+  config = command({'pretrained_path': folder, 'model_name': 'DeiT-testing'})
+  assert config.model_name == 'DeiT-testing'

@@ -5,7 +5,8 @@ and `layers`; `resnet`, `mixer`, `swin`, `navit`, `mae`, `dino`, `flexi`,
 `lit`, `bert`), one per family of presets (`families/`, registered in
 `registry`), the CPU backward passes (`ops`). Run
 `python -m vit_jax.models --name=ViT-B_16` to print a preset's parameter
-count and output shape.
+count and output shape. `from_pretrained(src)` gives the model, parameters
+and eval transform of any checkpoint (`vit_jax.pretrained`).
 """
 
 # pylint: disable=unused-import
@@ -25,6 +26,10 @@ from vit_jax.models.vit import Encoder
 from vit_jax.models.vit import Encoder1DBlock
 from vit_jax.models.vit import MlpBlock
 from vit_jax.models import registry
+# From any checkpoint to a model (the package's entry: it reads and
+# converts files, which the models themselves never do).
+from vit_jax.pretrained import from_pretrained
+from vit_jax.pretrained import Pretrained
 
 # The original's `models.model_configs` (its `configs/models.py`): the
 # presets, `model_configs.MODEL_CONFIGS`.
