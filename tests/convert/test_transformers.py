@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
+from vit_jax import checkpoint  # the original's module name
 from vit_jax.convert import converter
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_layout
@@ -194,3 +195,32 @@ def test_from_pretrained_on_a_converted_npz(tmp_path):
   with pytest.raises(ValueError, match='pass model_name='):
     os.rename(renamed, str(tmp_path / 'weights.npz'))
     pretrained.from_pretrained(str(tmp_path / 'weights.npz'))
+
+
+def test_readme_python_example_runs(monkeypatch, capsys):
+  """The README's Python example, as shown, on the golden ViT folder and
+  the test image in place of the hub name and cat.jpg."""
+  with open(os.path.join(DATA, '..', '..', 'README.md')) as f:
+    readme = f.read()
+  code = readme.split('```python\n', 1)[1].split('```', 1)[0]
+  assert "models.from_pretrained('google/vit-base-patch16-224')" in code
+  code = code.replace("'google/vit-base-patch16-224'",
+                      repr(os.path.join(FOLDERS, 'vit'))).replace(
+                          "'cat.jpg'",
+                          repr(os.path.join(DATA, 'predict_image.jpg')))
+  scope = {}
+  exec(code, scope)  # pylint: disable=exec-used
+  assert scope['logits'].shape == (1, 5)
+  assert scope['m'].transform.interpolation == 'bilinear'
+
+
+def test_original_load_notes_a_record_that_changes_the_model(tmp_path,
+                                                            capsys):
+  dst = str(tmp_path / 'vit.npz')
+  converter.convert(os.path.join(FOLDERS, 'vit'), dst)
+  capsys.readouterr()
+  params = checkpoint.load(dst)
+  assert 'head' in params
+  err = capsys.readouterr().err
+  assert 'changes the model of testing (transformer)' in err
+  assert 'from_pretrained' in err

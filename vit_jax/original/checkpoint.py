@@ -2,6 +2,7 @@
 exported, from where they live now (`vit_jax.checkpoints`: `files` reads
 and writes, `loading` fits a checkpoint to a model)."""
 
+import sys
 from typing import Any, Mapping, Optional, Tuple
 
 from etils import epath
@@ -11,7 +12,7 @@ import tqdm.auto as tqdm
 # pylint: disable=unused-import
 from vit_jax.checkpoints.files import CheckpointError
 from vit_jax.checkpoints.files import inspect_params
-from vit_jax.checkpoints.files import load
+from vit_jax.checkpoints import files
 from vit_jax.checkpoints.files import published_flat
 from vit_jax.checkpoints.files import read_params
 from vit_jax.checkpoints.files import save
@@ -24,9 +25,26 @@ from vit_jax.checkpoints.loading import load_model
 from vit_jax.checkpoints.loading import load_params
 from vit_jax.checkpoints.loading import model_config_for
 from vit_jax.checkpoints.pretrained import augreg_index as get_augreg_df
+from vit_jax.convert import transform
 from vit_jax.models.posemb_resize import interpolate_posembed
 from vit_jax.models.posemb_resize import resize_posemb_grid
 # pylint: enable=unused-import
+
+
+def load(path):
+  """The original's `load`: the file's parameters (`files.load`). Where the
+  record beside it changes the model (`convert` wrote it), a note says so:
+  the preset's model alone computes something else."""
+  params = files.load(path)
+  recorded = transform.load_transform(path) if not str(path).startswith(
+      ('gs://', 'http://', 'https://')) else None
+  if recorded and recorded.get('model'):
+    print(f'Note: {transform.transform_path(path).name} beside {path} '
+          f'changes the model of {recorded.get("model_name", "the preset")} '
+          f'({", ".join(sorted(recorded["model"]))}): '
+          'vit_jax.models.from_pretrained(path) builds it with them.',
+          file=sys.stderr)
+  return params
 
 
 def recover_tree(keys, values):
