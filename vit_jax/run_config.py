@@ -80,6 +80,18 @@ def _convert_pretrained(config) -> None:
           f'{config.pretrained_path}')
 
 
+def _recorded_vocabulary(config, recorded) -> None:
+  """A two-tower checkpoint's tokenizer (beside it, `vocab` in its record)
+  as `lit.vocab_path`, unless one is set."""
+  if not recorded or not recorded.get('vocab') or 'lit' not in config:
+    return
+  if not config.lit.get('vocab_path'):
+    config.lit.vocab_path = str(transform.beside(config.pretrained_path,
+                                                 recorded['vocab']))
+    _note(f'config.lit.vocab_path={config.lit.vocab_path}: the tokenizer '
+          'beside the checkpoint')
+
+
 def _model_dict(config) -> Dict[str, Any]:
   model = config.model.to_dict() if config.model is not None else {}
   model.pop('model_name', None)
@@ -157,6 +169,7 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
               f'own model is used under that name ({hint.split("; ")[-1]})')
     preset = _model_dict(out), _normalization(out)
     recorded = checkpoint_record(out)
+    _recorded_vocabulary(out, recorded)
     if recorded and out.model is not None:
       with out.model.unlocked():  # a record may set what a custom model lacks
         out.model.update(recorded.get('model') or {})

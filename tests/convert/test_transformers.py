@@ -31,7 +31,7 @@ IMAGE_MODELS = {
     'mae_pretraining': (32, 'last_hidden_state', 'class token'),
     'clip_vision': (32, 'pooler_output', 'same'),
     'clip_vision_projection': (32, 'image_embeds', 'same'),
-    'clip': (32, 'image_embeds', 'normalized'),
+    'clip': (32, 'image_embeds', 'normalized'),  # the image tower alone
     'siglip_vision': (32, 'pooler_output', 'same'),
     'siglip': (32, 'image_embeds', 'normalized'),
     'swin': (32, 'logits', 'same'),
@@ -57,14 +57,31 @@ def _outputs(m, images, how):
 @pytest.mark.parametrize('name', IMAGE_MODELS)
 def test_image_towers_give_transformers_outputs(name):
   side, key, how = IMAGE_MODELS[name]
+  image_tower = {'clip': 'CLIP-testing-quickgelu', 'siglip': 'SigLIP-testing'}
   m = pretrained.from_pretrained(os.path.join(FOLDERS, name),
-                                 image_size=side)
+                                 image_size=side,
+                                 model_name=image_tower.get(name))
   want = GOLDEN[f'{name}/{key}']
   if how == 'class token':  # the encoder's, after its final norm
     want = want[:, 0]
   got = _outputs(m, GOLDEN[f'images/{side}'], how)
   assert got.shape == want.shape
   assert _relative_error(got, want) < 1e-5
+
+
+@pytest.mark.parametrize('name', ['clip', 'siglip'])
+def test_two_towers_give_transformers_embeddings_and_logits(name):
+  m = pretrained.from_pretrained(os.path.join(FOLDERS, name))
+  assert m.model.__class__.__name__ == 'LitModel'
+  zimg, ztxt, out = m.model.apply({'params': m.params},
+                                  images=GOLDEN['images/32'],
+                                  tokens=GOLDEN[f'{name}/input_ids'])
+  assert _relative_error(zimg, GOLDEN[f'{name}/image_embeds']) < 1e-5
+  assert _relative_error(ztxt, GOLDEN[f'{name}/text_embeds']) < 1e-5
+  logits = zimg @ ztxt.T * out['t'] + (out['b'] if 'b' in out else 0)
+  assert _relative_error(logits, GOLDEN[f'{name}/logits_per_image']) < 1e-5
+  assert m.transform.mean == (
+      (0.5,) * 3 if name == 'siglip' else (0.48145466, 0.4578275, 0.40821073))
 
 
 def test_mae_gives_every_token_when_asked():

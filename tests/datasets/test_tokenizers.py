@@ -1,8 +1,15 @@
-"""Tokenizers on tiny vocabularies built here; expected ids by hand."""
+"""Tokenizers on tiny vocabularies built here, expected ids by hand; and
+on transformers' tiny CLIP and SigLIP tokenizers, against their own ids."""
+
+import json
+import os
+import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from tests import helpers
 from vit_jax.data import tokenizers
 
 VOCAB = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', 'a', 'photo', 'of', 'dog',
@@ -74,3 +81,44 @@ def test_unknown_tokenizer_and_missing_files(tmp_path, vocab_path):
     tokenizers.get_tokenizer('sentencepiece', vocab_path, 8)
   with pytest.raises(TypeError, match='sequence of texts'):
     tokenizers.get_tokenizer('bert', vocab_path, 8)('a dog')
+
+
+# transformers' folders (scripts/make_transformers_golden.py) and the ids
+# their own tokenizers gave the script's PROMPTS (max_length=16); each has a
+# prompt cut to 16 tokens.
+TRANSFORMERS = os.path.join(helpers.DATA, 'transformers')
+PROMPTS = ['a photo of a Dog.', 'A PICTURE of a cat, sitting!', 'a bird']
+
+
+@pytest.mark.parametrize('name,filename', [('clip', 'tokenizer.json'),
+                                           ('siglip', 'spiece.model')])
+def test_transformers_tokenizers_give_transformers_ids(name, filename):
+  with np.load(os.path.join(helpers.DATA, 'transformers_golden.npz')) as g:
+    want = g[f'{name}/input_ids']
+  tok = tokenizers.get_tokenizer(
+      name, os.path.join(TRANSFORMERS, name, filename), 16)
+  got = tok(PROMPTS)
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got, want)
+  folder = tokenizers.tokenizer_from_folder(os.path.join(TRANSFORMERS, name),
+                                            16)
+  assert type(folder) is type(tok)  # pylint: disable=unidiomatic-typecheck
+  graph = tf.data.Dataset.from_tensor_slices(PROMPTS).map(tok.preprocess_tf)
+  np.testing.assert_array_equal(list(graph.as_numpy_iterator()), want)
+
+
+# 'a bird' ends at `end`; both pad tokens are id 0.
+@pytest.mark.parametrize('name,filename,pad,end', [
+    ('clip', 'tokenizer.json', '!', 6), ('siglip', 'spiece.model', '<pad>', 7)])
+def test_transformers_pad_token_from_tokenizer_config(tmp_path, name,
+                                                      filename, pad, end):
+  shutil.copy(os.path.join(TRANSFORMERS, name, filename), tmp_path)
+  (tmp_path / 'tokenizer_config.json').write_text(json.dumps(
+      {'pad_token': {'content': pad}}))
+  got = tokenizers.tokenizer_from_folder(str(tmp_path), 16)(['a bird'])
+  assert (got[0, end + 1:] == 0).all() and got[0, end] != 0
+
+
+def test_folder_without_a_tokenizer(tmp_path):
+  with pytest.raises(ValueError, match='no tokenizer'):
+    tokenizers.tokenizer_from_folder(str(tmp_path), 16)

@@ -176,6 +176,27 @@ def test_text_transformer_names_and_last_token():
   np.testing.assert_array_equal(out['txt/pre_logits'], encoded[:, -1])
 
 
+@pytest.mark.parametrize('pool,eos_token', [('argmax', None), ('eos', 9)])
+def test_text_transformer_causal_end_token(pool, eos_token):
+  # CLIP's tower: the end token (9, the largest id) read where it is; with
+  # causal attention the tokens after it (padding) cannot change it.
+  tower = models_lit.TextTransformer(width=8, num_layers=1, mlp_dim=16,
+                                     num_heads=2, vocab_size=20, causal=True,
+                                     pool=pool, eos_token=eos_token)
+  tokens = jnp.array([[3, 4, 9, 5, 6], [3, 9, 1, 1, 1]])
+  params = {'params': helpers.random_params(tower, tokens)}
+  padded = tokens.at[:, 3:].set(7)
+  pooled, _ = tower.apply(params, tokens)
+  np.testing.assert_array_equal(pooled, tower.apply(params, padded)[0])
+  _, state = tower.apply(params, tokens, capture_intermediates=True)
+  encoded = state['intermediates']['Encoder_0']['__call__'][0]
+  np.testing.assert_array_equal(pooled, encoded[[0, 1], [2, 1]])
+  bidirectional, _ = tower.clone(causal=False).apply(params, padded)
+  assert np.abs(bidirectional - pooled).max() > 1e-3
+  with pytest.raises(ValueError, match='eos_token'):
+    tower.clone(pool='eos', eos_token=None).apply(params, tokens)
+
+
 def test_sigmoid_bias_and_temperature_inits():
   model = models.get_model('LiT-L16Ti', image=_testing_image(),
                            text=dict(width=8, num_layers=1, mlp_dim=16,

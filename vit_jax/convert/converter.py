@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import sys
 from typing import Any, Dict, NamedTuple, Optional
 
@@ -24,6 +25,7 @@ from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_layout
+from vit_jax.convert import transformers_text
 from vit_jax.convert.names import missing_keys
 from vit_jax.convert.names import npz_to_timm
 from vit_jax.convert.names import timm_to_npz
@@ -31,6 +33,7 @@ from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.timm_config import timm_settings
 from vit_jax.convert.timm_config import uses_fc_norm
 from vit_jax.convert.timm_config import vit_overrides
+from vit_jax.models import lit
 from vit_jax.models import registry
 from vit_jax.models.attention import QKV_BIASES
 
@@ -194,11 +197,17 @@ _TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
 
 def _from_transformers(state: Flat, config, weights: str,
                        model_name: Optional[str]) -> Source:
-  """A transformers checkpoint's image tower, as timm's model computing the
-  same; the eval transform from preprocessor_config.json."""
+  """A transformers checkpoint: its image tower, as timm's model computing
+  the same, the eval transform from preprocessor_config.json; a two-tower
+  model in full unless `model_name` names an image preset."""
   arch = transformers_layout.architecture(config)
-  kind = transformers_layout.kind(config)
   timm_state, extra, dropped = transformers_layout.to_timm(state, config)
+  towers = arch in transformers_layout.TWO_TOWERS and (
+      model_name is None or registry.model_class(model_name) is lit.LitModel)
+  image = _tower_source(timm_state, extra, config, weights,
+                        None if towers else model_name)
+  if towers:
+    return _two_towers(state, config, image, model_name)
   if dropped:
     what = ('the text tower, projection and temperature' if arch in
             transformers_layout.TWO_TOWERS else
@@ -206,6 +215,13 @@ def _from_transformers(state: Flat, config, weights: str,
                                                   dropped})))
     print(f"Note: {weights} is transformers' {arch}: converting the image "
           f'tower, without {what} ({len(dropped)} names).', file=sys.stderr)
+  return image
+
+
+def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
+                  model_name: Optional[str]) -> Source:
+  """The image tower of `config`, renamed to timm's (`timm_state`)."""
+  kind = transformers_layout.kind(config)
   family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
   transform = _transformers_transform(weights, config, family)
   if kind == 'swin':
@@ -216,6 +232,50 @@ def _from_transformers(state: Flat, config, weights: str,
   source = _from_vit(timm_state, settings, weights, model_name,
                      family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
+
+
+def _two_towers(state: Flat, config, image: Source,
+                model_name: Optional[str]) -> Source:
+  """CLIPModel or SiglipModel in full: the `image` tower (CLIP's projection
+  its head) under `img`, the text tower under `txt`, `t` and `b`; the
+  preset `IMAGE-towers` (or `model_name`) with what differs."""
+  text, fields, extras = transformers_text.text_tower(state, config)
+  name = model_name or f'{image.model_name}-towers'
+  if name not in registry.MODEL_CONFIGS:
+    raise ValueError(f"transformers' {config['architectures'][0]}: its image "
+                     f'tower is {image.model_name}, which has no two-tower '
+                     f'preset {name}.')
+  preset = registry.MODEL_CONFIGS[name].to_dict()
+  has_head = 'head/kernel' in image.flat
+  model = dict(
+      image=transform.model_config(preset['image'], {'model': image.overrides}),
+      text=dict(preset['text'], **fields),
+      out_dim=(image.flat['head/kernel'].shape[-1] if has_head else None,
+               extras['out_dim']),
+      pp=dict(preset['pp'], max_len=extras['max_len'],
+              size=transformers_layout.vision_config(config)['image_size']),
+      bias_init=preset['bias_init'] if extras['b'] is not None else None)
+  flat = {**{f'img/{k}': v for k, v in image.flat.items()},
+          **{f'txt/{k}': v for k, v in text.items()}, 't': extras['t']}
+  if extras['b'] is not None:
+    flat['b'] = extras['b']
+  return Source(flat, name, _changed(preset, model), image.transform)
+
+
+def _changed(base, new) -> Dict[str, Any]:
+  """The fields of `new` that differ from `base` (nested dicts key by
+  key; tuples and lists alike)."""
+  out = {}
+  for key, value in new.items():
+    old = base.get(key)
+    if isinstance(value, dict) and isinstance(old, dict):
+      inner = _changed(old, value)
+      if inner:
+        out[key] = inner
+    elif (list(value) if isinstance(value, (tuple, list)) else value) != (
+        list(old) if isinstance(old, (tuple, list)) else old):
+      out[key] = list(value) if isinstance(value, tuple) else value
+  return out
 
 
 def _transformers_transform(weights: str, config, family):
@@ -380,6 +440,25 @@ def _record(dst: str, source: Source) -> None:
           '(transform.model_config).', file=sys.stderr)
 
 
+# A two-tower folder's tokenizer files (CLIP's, SigLIP's).
+_VOCABULARIES = ('tokenizer.json', 'spiece.model')
+
+
+def _copy_vocabulary(src: str, dst: str) -> None:
+  """The tokenizer of a two-tower folder, beside `dst` as NAME.FILE, and
+  named in the record (`vocab`), which the zero-shot evaluator reads."""
+  folder = src if os.path.isdir(src) else os.path.dirname(src)
+  found = [n for n in _VOCABULARIES if os.path.exists(os.path.join(folder, n))]
+  if not found:
+    print(f'Note: {folder} holds no tokenizer ({", ".join(_VOCABULARIES)}): '
+          'set config.lit.vocab_path for text.', file=sys.stderr)
+    return
+  shutil.copyfile(os.path.join(folder, found[0]),
+                  transform.beside(dst, found[0]))
+  record = transform.load_transform(dst)
+  transform.save_transform(dst, dict(record, vocab=found[0]))
+
+
 def _check_destination(src: str, dst: str) -> None:
   """`dst` has the extension that `src`'s direction writes, in a folder that
   exists; checked before anything is read."""
@@ -431,6 +510,8 @@ def convert(src: str, dst: str, model_name: str = None) -> str:
   source = from_timm(src, model_name)
   files.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
   _record(dst, source)
+  if registry.model_class(source.model_name) is lit.LitModel:
+    _copy_vocabulary(src, dst)
   return source.model_name
 
 
@@ -479,8 +560,10 @@ def as_npz(src: str, model_name: Optional[str] = None) -> str:
     # The record first, then the .npz by rename: a .npz here is complete.
     partial = f'{dst[:-4]}.partial-{os.getpid()}.npz'
     convert(src, partial, model_name)
-    os.replace(transform.transform_path(partial), transform.transform_path(
-        dst))
+    for name in (*_VOCABULARIES, 'transform.json'):  # what goes beside it
+      if os.path.exists(transform.beside(partial, name)):
+        os.replace(transform.beside(partial, name),
+                   transform.beside(dst, name))
     os.replace(partial, dst)
     print(f'Note: {src} converted to {dst}.', file=sys.stderr)
   return dst

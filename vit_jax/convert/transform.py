@@ -6,7 +6,8 @@ in `<name>.transform.json`, with timm's `pretrained_cfg` keys:
 `crop_mode`; `model`: overrides of the preset's model config, such as
 {"transformer": {"gelu_approximate": false}}; `model_name`: the preset;
 `posemb_resize`: how the position table is resized, where it is not the
-family's way (`posemb_resize.RESIZE_METHODS`). `predict` reads it back by
+family's way (`posemb_resize.RESIZE_METHODS`); `vocab`: a two-tower
+model's tokenizer file, beside it. `predict` reads it back by
 default.
 
 `prepare(file, transform)` prepares an image with timm's meaning: PIL decodes
@@ -34,9 +35,10 @@ from vit_jax import cli
 from vit_jax.models import registry
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
-                  'crop_mode', 'model', 'model_name', 'posemb_resize')
+                  'crop_mode', 'model', 'model_name', 'posemb_resize',
+                  'vocab')
 # A record's keys that say nothing of the image transform.
-MODEL_KEYS = ('model', 'model_name', 'posemb_resize')
+MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab')
 
 # PIL's default `Image.MAX_IMAGE_PIXELS`: 1/4 GiB of RGB pixels once decoded.
 MAX_PIXELS = 89_478_485
@@ -321,11 +323,16 @@ def summary(transform: Transform, record_path: Optional[str],
 # The record beside a checkpoint.
 
 
-def transform_path(npz_path) -> epath.Path:
-  """`<name>.transform.json` beside `<name>.npz`."""
+def beside(npz_path, suffix: str) -> epath.Path:
+  """`<name>.<suffix>` beside `<name>.npz` (the record, a vocabulary)."""
   path = epath.Path(npz_path)
   stem = path.name[:-len('.npz')] if path.name.endswith('.npz') else path.name
-  return path.parent / f'{stem}.transform.json'
+  return path.parent / f'{stem}.{suffix}'
+
+
+def transform_path(npz_path) -> epath.Path:
+  """`<name>.transform.json` beside `<name>.npz`."""
+  return beside(npz_path, 'transform.json')
 
 
 def save_transform(npz_path, transform: Dict[str, Any]) -> None:

@@ -7,8 +7,16 @@
     to max_len - 1 and padded with </s>, so the last token is always </s>
     (TextTransformer reads the last token).
 
-Both run offline on the CPU: HuggingFace `tokenizers` (WordPiece) and
-`sentencepiece`, the libraries' own implementations of the two algorithms.
+  'clip': a transformers CLIP folder's `tokenizer.json` (byte-level BPE):
+    start and end tokens, cut keeping the end token, padded with the pad
+    token of `tokenizer_config.json` beside it (else the end token).
+  'siglip': a transformers SigLIP folder's `spiece.model`, on text
+    canonicalized as its SiglipTokenizer does (lower case, no punctuation,
+    whitespace collapsed), then as 'sentencepiece', padded with the pad
+    token of `tokenizer_config.json` beside it (else </s>).
+
+All run offline on the CPU: HuggingFace `tokenizers` (WordPiece, BPE) and
+`sentencepiece`, the libraries' own implementations of the algorithms.
 The original's tf.data forms follow them: each tokenizer's `preprocess_tf`,
 `PreprocessImages` and `get_pp`.
 """
@@ -17,6 +25,9 @@ from __future__ import annotations  # tf.* annotations: TensorFlow loads lazily
 
 import dataclasses
 import io
+import json
+import re
+import string
 from typing import Iterable, Sequence
 
 from etils import epath
@@ -30,7 +41,7 @@ from tokenizers import pre_tokenizers
 with epy.lazy_imports():  # TensorFlow loads when first used
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-TOKENIZERS = ('bert', 'sentencepiece')
+TOKENIZERS = ('bert', 'sentencepiece', 'clip', 'siglip')
 
 
 def _read(path, mode='r'):
@@ -46,6 +57,16 @@ def _check_texts(texts) -> Sequence[str]:
     raise TypeError('Tokenizers take a sequence of texts; wrap one text in a '
                     'list.')
   return [t.decode() if isinstance(t, bytes) else str(t) for t in texts]
+
+
+def _pad_token(vocab_path, default: str) -> str:
+  """The pad token of the `tokenizer_config.json` beside `vocab_path`
+  (transformers' folder), else `default`."""
+  path = epath.Path(vocab_path).parent / 'tokenizer_config.json'
+  pad = json.loads(path.read_text()).get('pad_token') if path.exists() else None
+  if isinstance(pad, dict):  # an AddedToken, as older files have it
+    pad = pad.get('content')
+  return pad or default
 
 
 class _GraphForm:
@@ -101,32 +122,102 @@ class SentencepieceTokenizer(_GraphForm):
                        f'{e}') from e
     self.max_len = max_len
     self.eos_token = self._sp.piece_to_id('</s>')
+    self.pad_token = self.eos_token
     self.vocab_size = self._sp.get_piece_size()
 
   def __call__(self, texts: Iterable[str]) -> np.ndarray:
-    encoded = self._sp.encode(_check_texts(texts), add_eos=True)
-    out = np.full((len(encoded), self.max_len), self.eos_token, np.int32)
+    encoded = self._sp.encode(_check_texts(texts))
+    out = np.full((len(encoded), self.max_len), self.pad_token, np.int32)
     for row, ids in zip(out, encoded):
-      ids = ids[:self.max_len - 1]
+      ids = ids[:self.max_len - 1] + [self.eos_token]
       row[:len(ids)] = ids
     return out
 
 
+class SiglipTokenizer(SentencepieceTokenizer):
+  """SentencePiece on canonical text, as transformers' SiglipTokenizer."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    super().__init__(vocab_path, max_len)
+    pad = _pad_token(vocab_path, '</s>')
+    self.pad_token = self._sp.piece_to_id(pad)
+    if self._sp.id_to_piece(self.pad_token) != pad:
+      raise ValueError(f'The pad token {pad!r} is not in {vocab_path}.')
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    return super().__call__([_canonical(t) for t in _check_texts(texts)])
+
+
+def _canonical(text: str) -> str:
+  """`text` as SiglipTokenizer reads it (big_vision's canonical prompts)."""
+  text = text.lower().translate(str.maketrans('', '', string.punctuation))
+  return re.sub(r'\s+', ' ', text).strip()
+
+
+class ClipTokenizer(_GraphForm):
+  """A transformers `tokenizer.json` with the special tokens it adds (CLIP's
+  start and end), cut keeping the last, padded, to (n, max_len) int32."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    try:
+      self._tokenizer = Tokenizer.from_str(_read(vocab_path))
+    except Exception as e:  # pylint: disable=broad-except
+      # (the library raises plain Exceptions)
+      raise ValueError(f'{vocab_path} is not a tokenizer.json: {e}') from e
+    pad = _pad_token(vocab_path, '<|endoftext|>')
+    pad_id = self._tokenizer.token_to_id(pad)
+    if pad_id is None:
+      raise ValueError(f'The pad token {pad!r} is not in {vocab_path}.')
+    self.max_len = max_len
+    self.vocab_size = self._tokenizer.get_vocab_size()
+    # The library's own truncation leaves room for the special tokens, as
+    # transformers' truncation=True does.
+    self._tokenizer.enable_truncation(max_len)
+    self._tokenizer.enable_padding(length=max_len, pad_id=pad_id,
+                                   pad_token=pad)
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    encoded = self._tokenizer.encode_batch(_check_texts(texts))
+    return np.array([e.ids for e in encoded], np.int32).reshape(
+        -1, self.max_len)
+
+
+_CLASSES = dict(zip(TOKENIZERS, (BertTokenizer, SentencepieceTokenizer,
+                                 ClipTokenizer, SiglipTokenizer)))
+
+
 def tokenizer_class(name: str):
-  """The tokenizer class `name` ('bert' or 'sentencepiece'); the original's
+  """The tokenizer class `name` (one of TOKENIZERS); the original's
   `preprocess.get_tokenizer`."""
   if name not in TOKENIZERS:
     raise ValueError(f'Unknown tokenizer {name!r}; expected one of '
                      f'{TOKENIZERS}.')
-  return BertTokenizer if name == 'bert' else SentencepieceTokenizer
+  return _CLASSES[name]
 
 
 def get_tokenizer(name: str, vocab_path: str, max_len: int):
-  """The tokenizer `name` ('bert' or 'sentencepiece') of a vocabulary file."""
+  """The tokenizer `name` (one of TOKENIZERS) of a vocabulary file: 'clip''s
+  is a tokenizer.json, 'siglip''s a spiece.model."""
   cls = tokenizer_class(name)
   if max_len < 2:
     raise ValueError(f'max_len={max_len} leaves no room for a token.')
   return cls(vocab_path, max_len)
+
+
+# A transformers folder's tokenizer file -> the tokenizer that reads it;
+# SentencePiece's first, should a SigLIP folder hold a tokenizer.json too.
+_FOLDER_FILES = {'spiece.model': 'siglip', 'tokenizer.json': 'clip'}
+
+
+def tokenizer_from_folder(folder: str, max_len: int):
+  """The tokenizer of a transformers CLIP or SigLIP folder (its
+  `save_pretrained` or hub download)."""
+  for filename, name in _FOLDER_FILES.items():
+    path = epath.Path(folder) / filename
+    if path.exists():
+      return get_tokenizer(name, str(path), max_len)
+  raise ValueError(f'{folder} holds no tokenizer that vit_jax reads: '
+                   f'expected one of {tuple(_FOLDER_FILES)}.')
 
 
 @dataclasses.dataclass(frozen=True)

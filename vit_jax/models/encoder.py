@@ -204,11 +204,13 @@ class Encoder(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, train, grid=None, keep=None):
+  def __call__(self, x, *, train, grid=None, keep=None, mask=None):
     """Encodes (batch, tokens, D); `grid` is the (h, w) of the patch tokens,
     which come after any prefix (class, register) tokens; 2-D schemes need
     it. `keep`, (batch, k) ints into the row-major patches: after the
-    position embedding only those patches, in that order, go on (MAE)."""
+    position embedding only those patches, in that order, go on (MAE).
+    `mask`, as `Encoder1DBlock`'s, is applied in every block (a text
+    tower's causal attention)."""
     posemb = self._check_inputs(x, grid, keep)
     rope = None
     if posemb == 'rope2d' or self.rope:
@@ -225,7 +227,7 @@ class Encoder(nn.Module):
       x = norm(name='norm_pre')(x)
 
     relative = self.relative_max_distance if posemb == 'relative' else None
-    x = self._blocks(x, not train, grid, relative, rope=rope)
+    x = self._blocks(x, not train, grid, relative, mask=mask, rope=rope)
     if not self.final_norm:
       return x
     return norm(name='encoder_norm')(x)

@@ -25,6 +25,8 @@ from vit_jax.models import vit as models_vit
 
 # Where the published LiT files are (the original's `load_variables`).
 BASE_PATH = 'gs://vit_models/lit'
+# Which token's output a `TextTransformer` returns.
+POOLS = ('last', 'argmax', 'eos')
 
 
 
@@ -55,11 +57,20 @@ class BertModel(nn.Module):
 class TextTransformer(nn.Module):
   """Pre-LN transformer on token embeddings plus learned positions.
 
-  Its output is the *last* token's, which the SentencePiece tokenizer keeps
-  an end-of-sequence token (`tokenizers.SentencepieceTokenizer`).
+  Its output is one token's: by default the *last*, which the SentencePiece
+  tokenizer keeps an end-of-sequence token (`tokenizers.
+  SentencepieceTokenizer`); CLIP's towers read their end token wherever it
+  is (`pool`).
 
   Attributes:
     num_classes: width of the `head` projection; None for no head.
+    layer_norm_eps, gelu_approximate, quick_gelu: see `models_vit.Encoder`
+      (CLIP's: 1e-5 and QuickGELU).
+    causal: each token attends to itself and those before it only (CLIP).
+    pool: which token's output: 'last'; 'argmax', the position of the
+      largest token id (the end token of CLIP's vocabulary: transformers'
+      legacy pooling); 'eos', the first position of `eos_token`.
+    eos_token: the end token's id, for pool='eos'.
   """
   num_classes: Optional[int] = None
   width: int = 512
@@ -68,9 +79,20 @@ class TextTransformer(nn.Module):
   num_heads: int = 8
   dropout_rate: float = 0.
   vocab_size: int = 32_000
+  layer_norm_eps: float = 1e-6
+  gelu_approximate: bool = True
+  quick_gelu: bool = False
+  causal: bool = False
+  pool: str = 'last'
+  eos_token: Optional[int] = None
 
   @nn.compact
   def __call__(self, tokens, *, train=False):
+    if self.pool not in POOLS or (self.pool == 'eos') != (
+        self.eos_token is not None):
+      raise ValueError(f'pool={self.pool!r}, eos_token={self.eos_token}: '
+                       f'expected one of {POOLS}, with an eos_token for (and '
+                       "only for) 'eos'.")
     out = {}
     x = out['embedded'] = nn.Embed(self.vocab_size, self.width)(tokens)
     _, length, d = x.shape
@@ -80,12 +102,25 @@ class TextTransformer(nn.Module):
     x = models_vit.Encoder(
         num_layers=self.num_layers, mlp_dim=self.mlp_dim,
         num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=0., add_position_embedding=False)(
-            x, train=train)
-    x = out['pre_logits'] = x[:, -1]
+        attention_dropout_rate=0., add_position_embedding=False,
+        layer_norm_eps=self.layer_norm_eps,
+        gelu_approximate=self.gelu_approximate, quick_gelu=self.quick_gelu)(
+            x, train=train,
+            mask=nn.make_causal_mask(tokens) if self.causal else None)
+    x = out['pre_logits'] = self._pool(x, tokens)
     if self.num_classes:
       x = out['logits'] = nn.Dense(self.num_classes, name='head')(x)
     return x, out
+
+  def _pool(self, x, tokens):
+    """The output (batch, D) of the token that `pool` names."""
+    if self.pool == 'last':
+      return x[:, -1]
+    if self.pool == 'argmax':
+      index = jnp.argmax(tokens, axis=-1)
+    else:  # argmax of booleans: the first True (0 if none, as transformers)
+      index = jnp.argmax(tokens == self.eos_token, axis=-1)
+    return jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
 
 
 TEXT_MODELS = {'bert': BertModel, 'text_transformer': TextTransformer}
@@ -107,8 +142,8 @@ class LitModel(nn.Module):
     text: attributes of the text tower.
     out_dim: (image, text) projection widths (an int: both); None for no
       projection (then the tower's own width is the shared one).
-    pp: tokenizer_name ('bert' or 'sentencepiece'), max_len and image size
-      of the preset, for `tokenizers.get_tokenizer`.
+    pp: tokenizer_name (one of `tokenizers.TOKENIZERS`), max_len and image
+      size of the preset, for `tokenizers.get_tokenizer`.
     temperature_init: initial exp(t).
     bias_init: initial `b`; None for no bias (the softmax loss).
   """

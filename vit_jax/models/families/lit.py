@@ -41,3 +41,21 @@ def _lit(name, image, out_dim, text_model, text):
 registry.register(registry.Family(
     'LiT', lit.LitModel, [_lit(name, *row) for name, row in _LITS.items()],
     native=None))
+
+
+def two_towers(name, image, text, out_dim, tokenizer, max_len, *,
+               temperature_init=1.0, bias_init=None, size=224):
+  """A two-tower preset (CLIP's, SigLIP's) of the image preset config
+  `image` and the TextTransformer fields `text`."""
+  image = image.to_dict()
+  image.pop('model_name')
+  return ml_collections.ConfigDict({
+      'model_name': name,
+      'image': image,
+      'out_dim': out_dim,
+      'text_model': 'text_transformer',
+      'text': dict(text),
+      'pp': {'tokenizer_name': tokenizer, 'size': size, 'max_len': max_len},
+      'temperature_init': temperature_init,
+      'bias_init': bias_init,
+  })

@@ -1,0 +1,226 @@
+"""The text tower of Hugging Face transformers' `CLIPModel` and
+`SiglipModel` <-> `models.lit.TextTransformer` (a `LitModel`'s `txt/`).
+
+transformers (under `text_model.`)     vit_jax (under `txt/`)
+  embeddings.token_embedding             Embed_0/embedding
+  embeddings.position_embedding          pos_embedding (1, L, D)
+  encoder.layers.{i}.layer_norm1, 2      Encoder_0/encoderblock_{i}/
+                                           LayerNorm_0, LayerNorm_1
+  encoder.layers.{i}.self_attn.          .../MultiHeadDotProductAttention_0/
+    q_proj, k_proj, v_proj, out_proj         query, key, value, out
+  encoder.layers.{i}.mlp.fc1, fc2        .../MlpBlock_0/Dense_0, Dense_1
+  final_layer_norm                       Encoder_0/encoder_norm
+  head (SigLIP; CLIP's `text_projection`  head (CLIP's bias: zeros)
+    at the top, without a bias)
+and `logit_scale` (log temperature, as `t`), SigLIP's `logit_bias` (`b`).
+How the tower computes comes from config.json: CLIP's causal attention and
+end-token pooling (its legacy eos_token_id 2: the largest id), SigLIP's
+last token, the activation and LayerNorm epsilon.
+"""
+
+import re
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+Flat = Dict[str, np.ndarray]
+
+_NAMES = {'clip': 'CLIP', 'siglip': 'SigLIP'}
+# transformers' hidden_act -> `TextTransformer`'s MLP settings.
+ACTIVATIONS = {
+    'quick_gelu': dict(gelu_approximate=False, quick_gelu=True),
+    'gelu': dict(gelu_approximate=False, quick_gelu=False),
+    'gelu_new': dict(gelu_approximate=True, quick_gelu=False),
+    'gelu_pytorch_tanh': dict(gelu_approximate=True, quick_gelu=False),
+}
+# transformers' text configs' defaults of what is read (config.json may
+# leave a default out).
+_DEFAULTS = {
+    'clip': dict(num_attention_heads=8, hidden_act='quick_gelu',
+                 layer_norm_eps=1e-5, eos_token_id=49407),
+    'siglip': dict(num_attention_heads=12, hidden_act='gelu_pytorch_tanh',
+                   layer_norm_eps=1e-6),
+}
+_BLOCK = {  # module in a layer -> (vit_jax's module, layout)
+    'layer_norm1': ('LayerNorm_0', 'norm'),
+    'layer_norm2': ('LayerNorm_1', 'norm'),
+    'self_attn.q_proj': ('MultiHeadDotProductAttention_0/query', 'heads'),
+    'self_attn.k_proj': ('MultiHeadDotProductAttention_0/key', 'heads'),
+    'self_attn.v_proj': ('MultiHeadDotProductAttention_0/value', 'heads'),
+    'self_attn.out_proj': ('MultiHeadDotProductAttention_0/out', 'out'),
+    'mlp.fc1': ('MlpBlock_0/Dense_0', 'dense'),
+    'mlp.fc2': ('MlpBlock_0/Dense_1', 'dense'),
+}
+# Leaves of a layout other than a Linear's weight and bias; CLIP's
+# text_projection is a Linear without bias.
+_LEAVES = {'embed': {'weight': 'embedding'}, 'posemb': {'weight': ''},
+           'norm': {'weight': 'scale', 'bias': 'bias'},
+           'projection': {'weight': 'kernel'}}
+
+
+def _error(kind: str, message: str) -> ValueError:
+  return ValueError(f"transformers' {_NAMES[kind]} text tower: {message}")
+
+
+def _kind(config: Dict[str, Any]) -> str:
+  kind = config.get('model_type')
+  if kind not in _NAMES:
+    raise ValueError(f"config.json's model_type={kind!r}: transformers' text "
+                     f'towers are converted from {tuple(_NAMES)} only.')
+  return kind
+
+
+def _pairs(kind: str, num_layers: int) -> Dict[str, Tuple[str, str]]:
+  """transformers' key -> (vit_jax's name, layout) of every parameter."""
+  head = (('text_projection', 'head', 'projection') if kind == 'clip' else
+          ('text_model.head', 'head', 'dense'))
+  modules = [('text_model.embeddings.token_embedding', 'Embed_0', 'embed'),
+             ('text_model.embeddings.position_embedding', 'pos_embedding',
+              'posemb'),
+             ('text_model.final_layer_norm', 'Encoder_0/encoder_norm', 'norm'),
+             head]
+  modules += [(f'text_model.encoder.layers.{i}.{module}',
+               f'Encoder_0/encoderblock_{i}/{name}', layout)
+              for i in range(num_layers)
+              for module, (name, layout) in _BLOCK.items()]
+  pairs = {}
+  for module, name, layout in modules:
+    for leaf, target in _LEAVES.get(
+        layout, {'weight': 'kernel', 'bias': 'bias'}).items():
+      pairs[f'{module}.{leaf}'] = ('/'.join(filter(None, (name, target))),
+                                   layout)
+  return pairs
+
+
+def _to_flax(value: np.ndarray, layout: str, heads: int) -> np.ndarray:
+  """torch's layout of a parameter -> flax's: Linear (out, in) weights to
+  (in, out) kernels, split by heads in the attention."""
+  if layout == 'posemb':
+    return value[None]
+  if layout in ('embed', 'norm'):
+    return value
+  if value.ndim == 1:
+    return value.reshape(heads, -1) if layout == 'heads' else value
+  if layout == 'heads':  # (D, H, D / H)
+    return value.T.reshape(value.shape[1], heads, -1)
+  if layout == 'out':  # (H, D / H, D)
+    return value.T.reshape(heads, -1, value.shape[0])
+  return value.T
+
+
+def _to_torch(value: np.ndarray, layout: str) -> np.ndarray:
+  """`_to_flax`'s reverse."""
+  if layout == 'posemb':
+    return value[0]
+  if layout == 'heads' and value.ndim == 2:  # a bias (H, D / H)
+    return value.reshape(-1)
+  if layout in ('embed', 'norm') or value.ndim == 1:
+    return value
+  if layout == 'heads':
+    value = value.reshape(value.shape[0], -1)
+  elif layout == 'out':
+    value = value.reshape(-1, value.shape[-1])
+  return value.T
+
+
+def _check_keys(kind: str, have, want, what: str) -> None:
+  """Raises naming the keys of `have` not in `want` and those missing."""
+  unknown = sorted(set(have) - set(want))
+  missing = sorted(set(want) - set(have))
+  for keys, problem in ((unknown, f'has no counterpart in {what}'),
+                        (missing, 'is missing')):
+    if keys:
+      shown = ', '.join(keys[:6]) + (f' and {len(keys) - 6} more'
+                                     if len(keys) > 6 else '')
+      raise _error(kind, f'{shown} {problem}.')
+
+
+def _text_fields(kind: str, text_config, state: Flat,
+                 num_layers: int) -> Dict[str, Any]:
+  """`TextTransformer`'s fields: sizes from the weights, how it computes
+  from the config."""
+  text_config = {**_DEFAULTS[kind], **text_config}
+  act, heads = text_config['hidden_act'], text_config['num_attention_heads']
+  vocab_size, width = state[
+      'text_model.embeddings.token_embedding.weight'].shape
+  if act not in ACTIVATIONS:
+    raise _error(kind, f'hidden_act={act!r}: vit_jax computes one of '
+                 f'{tuple(ACTIVATIONS)}.')
+  if width % heads:
+    raise _error(kind, f'num_attention_heads={heads} does not divide the '
+                 f'width {width}.')
+  fields = dict(
+      width=width, vocab_size=vocab_size, num_layers=num_layers,
+      mlp_dim=state['text_model.encoder.layers.0.mlp.fc1.weight'].shape[0],
+      num_heads=heads, layer_norm_eps=text_config['layer_norm_eps'],
+      **ACTIVATIONS[act], causal=kind == 'clip', pool='last', eos_token=None)
+  if kind == 'clip' and text_config['eos_token_id'] == 2:
+    fields['pool'] = 'argmax'  # transformers' legacy configs: the largest id
+  elif kind == 'clip':
+    fields.update(pool='eos', eos_token=text_config['eos_token_id'])
+  return fields
+
+
+def text_tower(state: Flat, config: Dict[str, Any]
+               ) -> Tuple[Flat, Dict[str, Any], Dict[str, Any]]:
+  """A CLIPModel's or SiglipModel's state (numpy, all of it) and its
+  config.json -> (the text tower's parameters in `txt/`'s '/'-joined names,
+  `TextTransformer`'s fields, extras): extras 't' (1,) log temperature, 'b'
+  (1,) bias or None, 'max_len' (the position table's length), 'out_dim'
+  (the projection's width)."""
+  kind = _kind(config)
+  text = {k: v for k, v in state.items()
+          if (k.startswith('text_model.') or k.startswith('text_projection.'))
+          and not k.endswith('.position_ids')}  # a buffer, an arange
+  layers = {int(m[1]) for k in text
+            for m in [re.match(r'text_model\.encoder\.layers\.(\d+)\.', k)]
+            if m}
+  if not layers:
+    raise _error(kind, 'no text_model.encoder.layers in the weights.')
+  pairs = _pairs(kind, max(layers) + 1)
+  _check_keys(kind, text, pairs, 'vit_jax')
+  for key in ('logit_scale',) + (('logit_bias',) if kind == 'siglip' else ()):
+    if key not in state:
+      raise _error(kind, f'{key} is missing.')
+  fields = _text_fields(kind, config.get('text_config', {}), text,
+                        max(layers) + 1)
+  flat = {pairs[k][0]: _to_flax(np.asarray(v), pairs[k][1],
+                                fields['num_heads'])
+          for k, v in text.items()}
+  if kind == 'clip':
+    flat['head/bias'] = np.zeros(flat['head/kernel'].shape[1],
+                                 flat['head/kernel'].dtype)
+  extras = {'t': np.reshape(state['logit_scale'], (1,)),
+            'b': (np.reshape(state['logit_bias'], (1,))
+                  if kind == 'siglip' else None),
+            'max_len': flat['pos_embedding'].shape[1],
+            'out_dim': flat['head/kernel'].shape[1]}
+  return flat, fields, extras
+
+
+def text_to_transformers(flat: Flat, fields: Dict[str, Any],
+                         extras: Dict[str, Any], kind: str) -> Flat:
+  """`text_tower`'s reverse: the text tower's parameters in transformers'
+  names of `kind` ('clip' or 'siglip'), with `logit_scale` (and SigLIP's
+  `logit_bias`)."""
+  if kind not in _NAMES:
+    raise ValueError(f'kind={kind!r}; expected one of {tuple(_NAMES)}.')
+  pairs = _pairs(kind, fields['num_layers'])
+  names = {name: (key, layout) for key, (name, layout) in pairs.items()}
+  flat = dict(flat)
+  if kind == 'clip':
+    bias = flat.pop('head/bias', None)
+    if bias is not None and np.any(bias):
+      raise _error(kind, 'its text_projection has no bias; head/bias is not '
+                   'zero.')
+  _check_keys(kind, flat, names, 'transformers')
+  state = {names[k][0]: _to_torch(np.asarray(v), names[k][1])
+           for k, v in flat.items()}
+  t = np.asarray(extras['t'])
+  state['logit_scale'] = t.reshape(()) if kind == 'clip' else t.reshape(1)
+  if kind == 'siglip':
+    if extras.get('b') is None:
+      raise _error(kind, "its logit_bias is missing: extras['b'] is None.")
+    state['logit_bias'] = np.reshape(extras['b'], (1,))
+  return state
+
