@@ -266,3 +266,31 @@ def test_fmnist_config_builds_and_validates(loss):
   assert len(config.lit.class_captions) == 10
   with pytest.raises(ValueError, match='Unknown loss'):
     lit_fmnist.get_config('hinge')
+
+
+@pytest.mark.parametrize('name', ['clip', 'siglip'])
+def test_zeroshot_from_a_transformers_folder(name, fmnist_dirs, tmp_path,
+                                             monkeypatch, capsys):
+  """`trainer=evaluate` with the zero-shot evaluator, from the folder alone:
+  its model, normalization and tokenizer come from the conversion's
+  record (tests/data/transformers, transformers 5.23's tiny models)."""
+  from vit_jax import run_config  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path / 'cache'))
+  config = lit_fmnist.get_config('softmax')
+  with config.unlocked():
+    config.tfds_manual_dir, config.tfds_data_dir = fmnist_dirs
+    config.pp.crop = 32
+    config.batch_eval = 8
+    config.trainer = 'evaluate'
+    config.pretrained_path = os.path.join(helpers.DATA, 'transformers', name)
+  config = run_config.resolve(config, {'pretrained_path': '',
+                                       'trainer': 'evaluate'})
+  preset = {'clip': 'CLIP-testing-quickgelu-towers',
+            'siglip': 'SigLIP-testing-towers'}[name]
+  assert config.model_name == preset
+  assert config.lit.vocab_path.endswith(
+      'tokenizer.json' if name == 'clip' else 'spiece.model')
+  assert config.model.pp.tokenizer_name == name
+  result = launch.evaluate(config, str(tmp_path / 'eval'))
+  assert result['count'] == 37 and 0 <= result['zeroshot_accuracy'] <= 1
+  assert 'zero-shot accuracy' in capsys.readouterr().out
