@@ -1,9 +1,13 @@
-r"""Weights in timm's layout <-> the published .npz format.
+r"""Weights in timm's or transformers' layout <-> the published .npz format.
 
+  python -m vit_jax.convert hf_folder DINOv2-S_14.npz      # transformers
   python -m vit_jax.convert timm_folder ViT-B_16.npz       # timm -> .npz
   python -m vit_jax.convert model.safetensors ViT-B_16.npz
   python -m vit_jax.convert ViT-B_16.npz model.safetensors  # .npz -> timm
 
+A transformers folder (`config.json` with `model_type`/`architectures`) is
+read through `convert.transformers_layout` (docs/checkpoints.md lists its
+architectures); the rest of this is timm's.
 A timm checkpoint is a folder holding `config.json` and `model.safetensors`
 (or `pytorch_model.bin`): a Hugging Face hub download, `timm.models.
 save_for_hf`'s output, or a weights file with `config.json` beside it.
@@ -27,6 +31,7 @@ safetensors' numpy API, a torch `.pth`/`.bin` with
 """
 
 # pylint: disable=unused-import
+from vit_jax.convert.converter import as_npz
 from vit_jax.convert.converter import convert
 from vit_jax.convert.converter import fetch
 from vit_jax.convert.converter import from_timm

@@ -10,7 +10,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) != 3:
     raise ValueError('Usage: python -m vit_jax.convert SRC DST (SRC: a timm '
-                     'folder, weights file or hub name, or a .npz).')
+                     'or transformers folder, weights file or hub name, or '
+                     'a .npz).')
   name = converter.convert(argv[1], argv[2], FLAGS.model_name)
   print(f'{argv[1]} -> {argv[2]} ({name})')
 
