@@ -10,8 +10,9 @@ transformers (under `text_model.`)     vit_jax (under `txt/`)
     q_proj, k_proj, v_proj, out_proj         query, key, value, out
   encoder.layers.{i}.mlp.fc1, fc2        .../MlpBlock_0/Dense_0, Dense_1
   final_layer_norm                       Encoder_0/encoder_norm
-  head (SigLIP; CLIP's `text_projection`  head (CLIP's bias: zeros)
-    at the top, without a bias)
+  head (SigLIP's)                        head
+  text_projection (CLIP's, at the top,   head (its bias: zeros)
+    without a bias)
 and `logit_scale` (log temperature, as `t`), SigLIP's `logit_bias` (`b`).
 How the tower computes comes from config.json: CLIP's causal attention and
 end-token pooling (its legacy eos_token_id 2: the largest id), SigLIP's

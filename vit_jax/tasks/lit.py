@@ -59,7 +59,9 @@ def get_tokenizer(config, workdir, fit=True):
   if fit and not config.lit.vocab_path and not epath.Path(path).exists():
     if config.model.pp.tokenizer_name != 'sentencepiece':
       raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
-                       'set config.lit.vocab_path to a BERT vocab.txt.')
+                       'set config.lit.vocab_path to the tokenizer file (a '
+                       'BERT vocab.txt, CLIP tokenizer.json or SigLIP '
+                       'spiece.model).')
     if jax.process_count() > 1:  # each process would fit its own
       raise ValueError('Fit the vocabulary in a one-process run, or set '
                        'config.lit.vocab_path, for a multi-process run.')
