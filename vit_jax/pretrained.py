@@ -9,7 +9,8 @@ The source is a published .npz (its record beside it, if any), a timm or
 transformers folder or weights file or hub name (converted once, and
 cached: `convert.converter.as_npz`), or big_vision's .npz. The model is the
 preset plus everything the record says (the settings that differ, the
-head, the table's resize), at the recorded image size.
+head, the table's resize), at the recorded image size; a two-tower model
+(LiT, CLIP, SigLIP) takes its towers' sizes from the file.
 """
 
 import os
@@ -77,8 +78,7 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   normalization = (transforms.recorded_normalization(record) or
                    registry.input_normalization(name))
   if registry.model_class(name) is lit.LitModel:
-    model, params = _two_towers(config, path)
-    size = size or config['pp']['size']
+    model, params, size = _two_towers(config, path)
   else:
     model, params, size = loading.load_model(
         config, path, size, resize_method=record.get('posemb_resize'))
@@ -87,7 +87,10 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
 
 
 def _two_towers(config: Dict[str, Any], path: str):
-  """A LitModel and its parameters, as they are in the file."""
+  """A LitModel and its parameters, the towers' sizes as the file's: its
+  text length, vocabulary, projections and image table."""
+  found = files.read_params(path)
+  config = _merged(config, _file_sizes(found, config))
   model = lit.LitModel(**{k: v for k, v in config.items()
                           if k in lit.LitModel.__dataclass_fields__})
   side = config['pp']['size']
@@ -95,5 +98,18 @@ def _two_towers(config: Dict[str, Any], path: str):
       jax.random.key(0), images=np.zeros((1, side, side, 3), np.float32),
       tokens=np.zeros((1, config['pp']['max_len']), np.int32)))['params']
   params = loading.load_params(path, init_params=abstract, model_config={},
-                               resize_posemb=False)
-  return model, params
+                               resize_posemb=False, found=found)
+  return model, params, side
+
+
+def _file_sizes(found, config) -> Dict[str, Any]:
+  """What a two-tower file's shapes say of the model config."""
+  txt, img = found['txt'], found['img']
+  width = lambda head: files.shape_of(head['kernel'])[-1] if head else None
+  sizes = {'out_dim': (width(img.get('head')), width(txt.get('head'))),
+           'pp': {'size': loading.image_size(img, config['image'])}}
+  if 'pos_embedding' in txt:  # a text transformer's
+    sizes['pp']['max_len'] = files.shape_of(txt['pos_embedding'])[1]
+    sizes['text'] = {'vocab_size': files.shape_of(
+        txt['Embed_0']['embedding'])[0]}
+  return sizes

@@ -241,3 +241,29 @@ def test_original_load_notes_a_record_that_changes_the_model(tmp_path,
   err = capsys.readouterr().err
   assert 'changes the model of testing (transformer)' in err
   assert 'from_pretrained' in err
+
+
+def test_from_pretrained_on_big_vision_two_towers():
+  """big_vision's SigLIP .npz (scanned blocks, bfloat16 tables): the preset
+  named, the text length, vocabulary and image size from the file; the
+  embeddings big_vision's own code computed."""
+  golden = np.load(os.path.join(DATA, 'big_vision_siglip_golden.npz'))
+  m = pretrained.from_pretrained(os.path.join(DATA, 'big_vision_siglip.npz'),
+                                 model_name='SigLIP-testing-towers')
+  assert m.model.pp['max_len'] == golden['tokens'].shape[1]
+  zimg, ztxt, out = m.model.apply({'params': m.params},
+                                  images=golden['images'],
+                                  tokens=golden['tokens'])
+  np.testing.assert_allclose(zimg, golden['zimg'], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(ztxt, golden['ztxt'], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out['b'], golden['b'], rtol=1e-6)
+
+
+def test_from_pretrained_on_a_timm_folder():
+  """A timm folder (save_for_hf's) the same way: timm's logits."""
+  golden = np.load(os.path.join(DATA, 'timm_families_golden.npz'))
+  m = pretrained.from_pretrained(
+      os.path.join(DATA, 'timm_families', 'clip_quickgelu'), image_size=64)
+  got = m.model.apply({'params': m.params}, golden['images'], train=False)
+  assert _relative_error(got, golden['clip_quickgelu']) < 1e-5
+  assert m.model.transformer['quick_gelu']
