@@ -267,3 +267,32 @@ def test_from_pretrained_on_a_timm_folder():
   got = m.model.apply({'params': m.params}, golden['images'], train=False)
   assert _relative_error(got, golden['clip_quickgelu']) < 1e-5
   assert m.model.transformer['quick_gelu']
+
+
+def test_from_pretrained_on_a_hub_name_from_the_hub_cache(tmp_path,
+                                                          monkeypatch):
+  """A hub name, offline, from huggingface_hub's cache (laid out as the hub
+  lays it out): converted and cached like a folder."""
+  constants = pytest.importorskip('huggingface_hub.constants')
+  revision = 'a' * 40
+  repo = tmp_path / 'hub' / 'models--google--vit-base-patch16-224'
+  snapshot = repo / 'snapshots' / revision
+  shutil.copytree(os.path.join(FOLDERS, 'vit'), snapshot)
+  (repo / 'refs').mkdir()
+  (repo / 'refs' / 'main').write_text(revision)
+  monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+  m = pretrained.from_pretrained('google/vit-base-patch16-224',
+                                 image_size=32)
+  got = m.model.apply({'params': m.params}, GOLDEN['images/32'], train=False)
+  assert _relative_error(got, GOLDEN['vit/logits']) < 1e-5
+
+
+def test_a_hub_name_not_cached_offline_fails_in_one_line(tmp_path,
+                                                         monkeypatch):
+  constants = pytest.importorskip('huggingface_hub.constants')
+  monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
+  monkeypatch.setenv('HF_HUB_OFFLINE', '1')
+  with pytest.raises(ConnectionError, match='Cannot reach huggingface.co '
+                     'to fetch facebook/dinov2-small'):
+    pretrained.from_pretrained('facebook/dinov2-small')

@@ -403,11 +403,24 @@ def _check_posembed(flat: Flat, path: str) -> None:
                      'beside it.')
 
 
+# What a hub checkpoint's folder holds that vit_jax reads: the weights, the
+# config.json of timm or transformers, transformers' processor, a two-tower
+# model's tokenizer.
+HUB_FILES = ('config.json', 'model.safetensors', 'preprocessor_config.json',
+             'tokenizer.json', 'tokenizer_config.json', 'spiece.model')
+
+
 def fetch(name: str, timeout: float = 5.) -> str:
-  """Downloads the hub checkpoint `name` (e.g. timm/vit_base_patch16_224.
-  augreg_in21k) into huggingface_hub's cache; returns its folder. Fails in
-  seconds offline."""
+  """The folder of hub checkpoint `name` (e.g. timm/vit_base_patch16_224.
+  augreg_in21k, google/vit-base-patch16-224): huggingface_hub's cached
+  copy, else downloaded (`HUB_FILES`). Fails in seconds offline."""
   import socket  # pylint: disable=g-import-not-at-top
+  try:
+    hub = importlib.import_module('huggingface_hub')
+    return hub.snapshot_download(name, allow_patterns=list(HUB_FILES),
+                                 local_files_only=True)
+  except (ModuleNotFoundError, OSError, ValueError):  # absent, not cached
+    pass
   try:
     if os.environ.get('HF_HUB_OFFLINE', '0') not in ('', '0'):
       raise OSError('HF_HUB_OFFLINE is set')  # the hub's own switch
@@ -415,11 +428,10 @@ def fetch(name: str, timeout: float = 5.) -> str:
   except OSError as e:
     raise ConnectionError(
         f'Cannot reach huggingface.co to fetch {name} ({e}). Download its '
-        'model.safetensors and config.json where there is network, then '
-        'convert their folder.') from e
+        f'{", ".join(HUB_FILES[:3])} (and tokenizer files) where there is '
+        'network, then convert their folder.') from e
   hub = _import('huggingface_hub', name)
-  hub.hf_hub_download(name, 'config.json')
-  return os.path.dirname(hub.hf_hub_download(name, 'model.safetensors'))
+  return hub.snapshot_download(name, allow_patterns=list(HUB_FILES))
 
 
 def _record(dst: str, source: Source) -> None:
@@ -435,7 +447,7 @@ def _record(dst: str, source: Source) -> None:
   transform.save_transform(dst, sidecar)
   if source.overrides:
     print(f'Note: {dst} is {source.model_name} with '
-          f'{", ".join(flags(source.overrides))}, as timm computes it; '
+          f'{", ".join(flags(source.overrides))}, as its source computes it; '
           f'{path.name} records them for predict '
           '(transform.model_config).', file=sys.stderr)
 
