@@ -413,7 +413,8 @@ def test_eval_transform_and_settings_are_recorded(tmp_path, capsys):
   convert.convert(os.path.join(DATA, 'timm_mixer.safetensors'), dst)
   assert transform.load_transform(dst) == {
       'crop_pct': 0.875, 'crop_mode': 'center', 'interpolation': 'bicubic',
-      'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}
+      'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225],
+      'model_name': 'Mixer-testing'}
 
 
 def test_pth_without_torch_says_how_to_install(monkeypatch):

@@ -13,6 +13,7 @@ import pytest
 from vit_jax import checkpoint  # the original's module name
 from vit_jax.convert import converter
 from vit_jax.convert import transform
+from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_layout
 from vit_jax import pretrained
 
@@ -132,7 +133,7 @@ def test_preprocessor_config_prepares_as_transformers(processor, folder):
   """The recorded eval transform gives the processor's pixels (every 8th
   row and column of its 224 x 224 output)."""
   with open(os.path.join(FOLDERS, folder, 'preprocessor_config.json')) as f:
-    recorded = transformers_layout.eval_transform(json.load(f))
+    recorded = transformers_config.eval_transform(json.load(f))
   spec = transform.resolve(224, recorded)
   pixels = transform.prepare(os.path.join(DATA, 'predict_image.jpg'), spec)
   np.testing.assert_allclose(pixels[::8, ::8], GOLDEN[f'{processor}/pixels'][0],

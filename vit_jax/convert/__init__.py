@@ -4,6 +4,22 @@ r"""Weights in timm's or transformers' layout <-> the published .npz format.
   python -m vit_jax.convert timm_folder ViT-B_16.npz       # timm -> .npz
   python -m vit_jax.convert model.safetensors ViT-B_16.npz
   python -m vit_jax.convert ViT-B_16.npz model.safetensors  # .npz -> timm
+  python -m vit_jax.convert ViT-B_16.npz hf_folder --layout=transformers
+
+`--layout=transformers` writes an .npz as a Hugging Face transformers
+folder: `config.json`, `model.safetensors` (float32, transformers' names)
+and `preprocessor_config.json` (the eval transform of the record beside
+the .npz, else the preset's normalization at its native side). The preset
+is `--model_name`, else the record's, else inferred from the shapes; the
+architecture follows its family: ViTForImageClassification (a head),
+ViTModel (none; its pooler is `pre_logits`), ViTMAEModel (MAE without a
+head), DeiTForImageClassificationWithTeacher (DeiT's 'distilled'),
+Dinov2Model, Dinov2WithRegistersModel, CLIPVisionModel[WithProjection],
+SiglipVisionModel and SwinForImageClassification. What none computes
+('gap' pooling, fc_norm, hybrids, Mixers, EVA-02, LayerScale outside
+DINOv2, attention without all its biases, ...) is refused by name before
+anything is written (`transformers_config.export_architecture`). A
+transformers folder is read back as a timm one (`transformers_layout`).
 
 A transformers folder (`config.json` with `model_type`/`architectures`) is
 read through `convert.transformers_layout` (docs/checkpoints.md lists its

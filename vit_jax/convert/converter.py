@@ -13,6 +13,7 @@ from typing import Any, Dict, NamedTuple, Optional
 from flax import traverse_util
 import numpy as np
 
+from vit_jax import cli
 from vit_jax.checkpoints import files
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert.preset_inference import check_preset
@@ -24,6 +25,7 @@ from vit_jax.convert.preset_inference import posemb_prefix
 from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
+from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_layout
 from vit_jax.convert import transformers_text
 from vit_jax.convert.names import missing_keys
@@ -225,10 +227,10 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
   family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
   transform = _transformers_transform(weights, config, family)
   if kind == 'swin':
-    transformers_layout.swin_settings(config)  # refuses what it cannot
+    transformers_config.swin_settings(config)  # refuses what it cannot
     source = _from_swin(timm_state, {}, model_name)
     return source._replace(transform=transform)
-  settings = transformers_layout.vit_settings(config)
+  settings = transformers_config.vit_settings(config)
   source = _from_vit(timm_state, settings, weights, model_name,
                      family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
@@ -285,7 +287,7 @@ def _transformers_transform(weights: str, config, family):
   path = os.path.join(os.path.dirname(weights), 'preprocessor_config.json')
   if os.path.exists(path):
     with open(path) as f:
-      out = transformers_layout.eval_transform(json.load(f))
+      out = transformers_config.eval_transform(json.load(f))
   else:
     side = transformers_layout.vision_config(config).get('image_size', 224)
     print(f'Note: no preprocessor_config.json beside {weights}: assuming '
@@ -497,20 +499,98 @@ def _to_eva(flat: Flat) -> Flat:
   return convert_eva.from_vit_state(state, fused=fused, qkv_bias=qkv_bias)
 
 
-def convert(src: str, dst: str, model_name: str = None) -> str:
-  """Converts `src` to `dst`, by their extensions; returns the preset."""
+def _npz_flat(src: str) -> Flat:
+  """The published names of an .npz (of a two-tower one's image tower)."""
+  params = files.load(src)
+  if 'img' in params and 'txt' in params:  # LiT's, big_vision's SigLIP
+    print(f'Note: {src} holds two towers: converting the image tower '
+          '(img).', file=sys.stderr)
+    params = params['img']
+  return files.published_flat(params)
+
+
+def _npz_preset(flat: Flat) -> str:
+  """The preset that published names have the shapes of."""
+  return (convert_swin.preset(flat) if convert_swin.is_swin(flat) else
+          infer_preset(flat))
+
+
+def _timm_state(flat: Flat, model: Dict[str, Any]):
+  """(timm's state dict of published names, those that timm has no name
+  for: `pre_logits`); a Swin's bias tables at `model`'s window."""
+  extra = {k: v for k, v in flat.items() if k.startswith('pre_logits/')}
+  rest = {k: v for k, v in flat.items() if k not in extra}
+  if convert_swin.is_swin(flat):
+    rest = convert_swin.fit_window(rest, model['window_size'])
+    return convert_swin.npz_to_timm(rest), extra
+  return npz_to_timm(rest), extra
+
+
+def _eval_transform(name: str, record: Dict[str, Any],
+                    normalization) -> transform.Transform:
+  """The transform that predict applies to the checkpoint: its record's,
+  else the preset's `normalization` at its native side."""
+  side = (transform.recorded_size(record) or
+          registry.native_resolution(name) or 224)
+  return transform.resolve(side, record, normalization)
+
+
+def _write_folder(dst: str, config, weights: Flat, processor) -> None:
+  """A transformers folder: config.json, model.safetensors (float32, torch's
+  layout) and preprocessor_config.json."""
+  save_file = _import('safetensors.numpy', dst).save_file
+  os.makedirs(dst, exist_ok=True)
+  save_file({k: np.ascontiguousarray(v, np.float32)
+             for k, v in weights.items()},
+            os.path.join(dst, 'model.safetensors'), metadata={'format': 'pt'})
+  for name, content in (('config.json', config),
+                        ('preprocessor_config.json', processor)):
+    with open(os.path.join(dst, name), 'w') as f:
+      f.write(json.dumps(content, indent=2, sort_keys=True) + '\n')
+
+
+def _to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
+  """Writes the .npz `src` as the transformers folder `dst` (nothing when
+  transformers cannot compute it); returns the preset: `model_name`, else
+  the record's, else inferred from the shapes."""
+  if os.path.exists(dst) and not os.path.isdir(dst):
+    raise ValueError(f'{dst}: --layout=transformers writes a folder, and '
+                     'this is a file.')
+  flat = _npz_flat(src)
+  record = transform.load_transform(src) or {}
+  name = model_name or record.get('model_name') or _npz_preset(flat)
+  model, normalization = transform.preset_settings(name, record)
+  arch = transformers_config.export_architecture(name, model, flat)
+  spec = _eval_transform(name, record, normalization)
+  config = transformers_config.config_json(arch, model, flat, spec.size)
+  weights = transformers_layout.from_timm(*_timm_state(flat, model), config)
+  processor = transformers_config.preprocessor_json(spec)
+  _write_folder(dst, config, weights, processor)
+  if arch == 'ViTModel' and 'pre_logits/kernel' not in flat:
+    print(f'Note: {dst} is a ViTModel without a pooler: load it with '
+          'add_pooling_layer=False.', file=sys.stderr)
+  return name
+
+
+LAYOUTS = ('timm', 'transformers')
+
+
+def convert(src: str, dst: str, model_name: str = None,
+            layout: str = 'timm') -> str:
+  """Converts `src` to `dst`, by their extensions; an .npz to a
+  transformers folder with layout 'transformers'. Returns the preset."""
+  if layout not in LAYOUTS:
+    raise ValueError(cli.closest(layout, LAYOUTS, 'layout'))
+  if layout == 'transformers':
+    if not src.endswith('.npz'):
+      raise ValueError(f'--layout=transformers writes an .npz as a '
+                       f'transformers folder; {src} is no .npz.')
+    return _to_transformers(src, dst, model_name)
   _check_destination(src, dst)
   if src.endswith('.npz'):
-    params = files.load(src)
-    if 'img' in params and 'txt' in params:  # LiT's, big_vision's SigLIP
-      print(f'Note: {src} holds two towers: converting the image tower '
-            '(img).', file=sys.stderr)
-      params = params['img']
-    flat = files.published_flat(params)
-    swin = convert_swin.is_swin(flat)
-    model_name = model_name or (convert_swin.preset(flat) if swin else
-                                infer_preset(flat))
-    state = (convert_swin.npz_to_timm(flat) if swin else
+    flat = _npz_flat(src)
+    model_name = model_name or _npz_preset(flat)
+    state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
              _to_eva(flat) if _is_eva_preset(model_name) else
              npz_to_timm(flat))
     save_file = _import('safetensors.numpy', dst).save_file

@@ -104,6 +104,18 @@ def _from_original(state: Flat) -> Flat:
           for k, v in state.items()}
 
 
+def to_original(state: Flat) -> Flat:
+  """timm's layout as the original release's (transformers' too): each
+  stage's merging back to the end of the one before, `head.fc` to `head`;
+  the inverse of `_from_original`."""
+  if 'layers.0.downsample.reduction.weight' in state:
+    return state
+  return {re.sub(r'^layers\.(\d+)\.downsample',
+                 lambda m: f'layers.{int(m[1]) - 1}.downsample',
+                 re.sub(r'^head\.fc\.', 'head.', k)): v
+          for k, v in state.items()}
+
+
 def is_swin(names) -> bool:
   """Whether timm keys or vit_jax names are a Swin's."""
   return any(k.endswith(_TABLE) for k in names)

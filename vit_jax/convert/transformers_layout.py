@@ -3,11 +3,9 @@
 A transformers folder holds `config.json` (`model_type`, `architectures`),
 `model.safetensors` (or `pytorch_model.bin`) and `preprocessor_config.json`.
 Its image tower is read as the timm model that computes the same thing:
-the weights renamed to timm's (`to_timm`), the settings as the arguments of
-timm's VisionTransformer (`vit_settings`), the eval transform as timm's
-`pretrained_cfg` (`eval_transform`); `converter` takes it from there, as
-for a timm folder. `from_timm` and `config_json` go back, for
-`--layout=transformers`.
+the weights renamed to timm's (`to_timm`), the settings and the eval
+transform as `transformers_config` says; `converter` takes it from there,
+as for a timm folder. `from_timm` goes back, for `--layout=transformers`.
 
 What each architecture becomes (docs/checkpoints.md lists the names):
 - `ViTForImageClassification`, `ViTModel` (its pooler is the original's
@@ -16,7 +14,8 @@ What each architecture becomes (docs/checkpoints.md lists the names):
   separate query/key/value, fused as timm's `qkv`.
 - `Dinov2Model`, `Dinov2WithRegistersModel`: LayerScale, registers; the
   registers' table has the class token's entry, which is folded into the
-  class token (a constant either way), so vit_jax's table has no prefix.
+  class token (a constant either way), so vit_jax's table has no prefix;
+  written back as a zero entry.
 - `CLIPVisionModel[WithProjection]`, `SiglipVisionModel` and the image
   towers of `CLIPModel` and `SiglipModel`: CLIP's `class_embedding` (D,),
   `pre_layrnorm`, `post_layernorm` (on the pooled token: the same as on
@@ -30,6 +29,8 @@ import re
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
+
+from vit_jax.convert import swin as convert_swin
 
 Flat = Dict[str, np.ndarray]
 
@@ -52,31 +53,42 @@ ARCHITECTURES = {
 TWO_TOWERS = ('CLIPModel', 'SiglipModel')
 
 # (transformers module, timm module) of the modules that map one to one,
-# their leaves (weight, bias, ...) alike; {i} is a block's index.
-_VIT = [
+# their leaves (weight, bias, ...) alike; {i} is a block's index. Reading
+# takes every group of a kind; writing (`from_timm`) the groups of the
+# architecture, the first pair that names a timm module.
+_VIT_COMMON = [
     ('embeddings.cls_token', 'cls_token'),
     ('embeddings.distillation_token', 'dist_token'),
     ('embeddings.register_tokens', 'reg_token'),
     ('embeddings.position_embeddings', 'pos_embed'),
     ('embeddings.patch_embeddings.projection', 'patch_embed.proj'),
+    ('encoder.layer.{i}.attention.output.dense', 'blocks.{i}.attn.proj'),
+    ('layernorm', 'norm'),
+]
+_VIT_BLOCKS = [
     ('encoder.layer.{i}.layernorm_before', 'blocks.{i}.norm1'),
     ('encoder.layer.{i}.layernorm_after', 'blocks.{i}.norm2'),
-    ('encoder.layer.{i}.norm1', 'blocks.{i}.norm1'),
-    ('encoder.layer.{i}.norm2', 'blocks.{i}.norm2'),
-    ('encoder.layer.{i}.attention.output.dense', 'blocks.{i}.attn.proj'),
     ('encoder.layer.{i}.intermediate.dense', 'blocks.{i}.mlp.fc1'),
     ('encoder.layer.{i}.output.dense', 'blocks.{i}.mlp.fc2'),
-    ('encoder.layer.{i}.mlp.fc1', 'blocks.{i}.mlp.fc1'),
-    ('encoder.layer.{i}.mlp.fc2', 'blocks.{i}.mlp.fc2'),
-    ('encoder.layer.{i}.mlp.weights_in', 'blocks.{i}.mlp.fc1'),
-    ('encoder.layer.{i}.mlp.weights_out', 'blocks.{i}.mlp.fc2'),
-    ('encoder.layer.{i}.layer_scale1.lambda1', 'blocks.{i}.ls1.gamma'),
-    ('encoder.layer.{i}.layer_scale2.lambda1', 'blocks.{i}.ls2.gamma'),
-    ('layernorm', 'norm'),
     ('classifier', 'head'),
+]
+_DEIT_HEADS = [
     ('cls_classifier', 'head'),
     ('distillation_classifier', 'head_dist'),
 ]
+_DINOV2_BLOCKS = [
+    ('encoder.layer.{i}.norm1', 'blocks.{i}.norm1'),
+    ('encoder.layer.{i}.norm2', 'blocks.{i}.norm2'),
+    ('encoder.layer.{i}.mlp.fc1', 'blocks.{i}.mlp.fc1'),
+    ('encoder.layer.{i}.mlp.fc2', 'blocks.{i}.mlp.fc2'),
+    ('encoder.layer.{i}.layer_scale1.lambda1', 'blocks.{i}.ls1.gamma'),
+    ('encoder.layer.{i}.layer_scale2.lambda1', 'blocks.{i}.ls2.gamma'),
+]
+_SWIGLU = [
+    ('encoder.layer.{i}.mlp.weights_in', 'blocks.{i}.mlp.fc1'),
+    ('encoder.layer.{i}.mlp.weights_out', 'blocks.{i}.mlp.fc2'),
+]
+_VIT = _VIT_COMMON + _VIT_BLOCKS + _DEIT_HEADS + _DINOV2_BLOCKS + _SWIGLU
 _CLIP = [
     ('embeddings.patch_embedding', 'patch_embed.proj'),
     ('pre_layrnorm', 'norm_pre'),
@@ -116,14 +128,14 @@ _SWIN = [
 ]
 _RULES = {'vit': _VIT, 'deit': _VIT, 'dinov2': _VIT, 'mae': _VIT,
           'clip': _CLIP, 'siglip': _CLIP, 'swin': _SWIN}
-# Separate projections, fused in timm's order (query, key, value).
-_QKV = {'vit': r'encoder\.layer\.(\d+)\.attention\.attention\.'
-               r'(query|key|value)\.(weight|bias)',
-        'clip': r'encoder\.layers\.(\d+)\.self_attn\.(q|k|v)_proj\.'
-                r'(weight|bias)',
-        'swin': r'encoder\.layers\.(\d+)\.blocks\.(\d+)\.attention\.self\.'
-                r'(query|key|value)\.(weight|bias)'}
-_PARTS = {'query': 0, 'key': 1, 'value': 2, 'q': 0, 'k': 1, 'v': 2}
+# Separate projections (transformers' module, its parts in timm's order)
+# and timm's fused one.
+_QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
+                ('query', 'key', 'value'), 'blocks.{i}.attn.qkv'),
+        'clip': ('encoder.layers.{i}.self_attn.{part}_proj', ('q', 'k', 'v'),
+                 'blocks.{i}.attn.qkv'),
+        'swin': ('encoder.layers.{i}.blocks.{j}.attention.self.{part}',
+                 ('query', 'key', 'value'), 'layers.{i}.blocks.{j}.attn.qkv')}
 # Parameters that only pre-training uses, or the text side of two towers,
 # dropped with a note.
 _DROPPED = (r'(\w+\.)?embeddings\.mask_token', r'decoder\..*',
@@ -167,11 +179,21 @@ def vision_config(config: Dict[str, Any]) -> Dict[str, Any]:
   return config.get('vision_config') or config
 
 
-def _pattern(template: str) -> re.Pattern:
+def _indices(template: str) -> str:
+  """`template` as a regex: '{i}' an index (group i), the rest literally."""
   parts = re.split(r'\{(\w)\}', template)
-  return re.compile(''.join(re.escape(p) if k % 2 == 0 else rf'(?P<{p}>\d+)'
-                            for k, p in enumerate(parts)) +
-                    r'(?:\.(?P<leaf>\w+))?')
+  return ''.join(re.escape(p) if k % 2 == 0 else rf'(?P<{p}>\d+)'
+                 for k, p in enumerate(parts))
+
+
+def _pattern(template: str) -> re.Pattern:
+  return re.compile(_indices(template) + r'(?:\.(?P<leaf>\w+))?')
+
+
+def _fields(match: re.Match) -> Dict[str, str]:
+  """The indices that a match of `_indices` found, by name."""
+  return {k: v for k, v in match.groupdict().items()
+          if k not in ('part', 'leaf')}
 
 
 def _rename(key: str, rules, source: int) -> Optional[str]:
@@ -179,9 +201,9 @@ def _rename(key: str, rules, source: int) -> Optional[str]:
   for pair in rules:
     match = _pattern(pair[source]).fullmatch(key)
     if match:
-      fields = {k: v for k, v in match.groupdict().items() if k != 'leaf'}
       leaf = match['leaf']
-      return pair[1 - source].format(**fields) + (f'.{leaf}' if leaf else '')
+      return pair[1 - source].format(**_fields(match)) + (
+          f'.{leaf}' if leaf else '')
   return None
 
 
@@ -198,24 +220,46 @@ def _image_tower(state: Flat, prefix: str) -> Tuple[Flat, list]:
   return tower, dropped
 
 
-def _fuse(state: Flat, pattern: str) -> Tuple[Flat, Flat]:
+def _qkv(family: str):
+  """(transformers' module, its parts, timm's module) of the projections."""
+  return _QKV[{'clip': 'clip', 'siglip': 'clip', 'swin': 'swin'}.get(
+      family, 'vit')]
+
+
+def _fuse(state: Flat, family: str) -> Tuple[Flat, Flat]:
   """(timm's fused qkv by name, the rest) of separate projections."""
-  parts, rest = {}, {}
+  module, parts, fused = _qkv(family)
+  before, after = module.split('{part}')
+  pattern = re.compile(_indices(before) + f'(?P<part>{"|".join(parts)})' +
+                       re.escape(after) + r'\.(?P<leaf>weight|bias)')
+  found, rest = {}, {}
   for key, value in state.items():
-    match = re.fullmatch(pattern, key)
+    match = pattern.fullmatch(key)
     if match is None:
       rest[key] = value
-      continue
-    *block, part, leaf = match.groups()
-    parts.setdefault((tuple(block), leaf), [None] * 3)[_PARTS[part]] = value
-  fused = {}
-  for (block, leaf), values in parts.items():
-    where = ('layers.{}.blocks.{}'.format(*block) if len(block) == 2 else
-             f'blocks.{block[0]}')
+    else:
+      name = f"{fused.format(**_fields(match))}.{match['leaf']}"
+      found.setdefault(name, [None] * 3)[parts.index(match['part'])] = value
+  for name, values in found.items():
     if any(v is None for v in values):
-      raise ValueError(f'{where}: query, key and value are not all there.')
-    fused[f'{where}.attn.qkv.{leaf}'] = np.concatenate(values)
-  return fused, rest
+      raise ValueError(f'{name}: query, key and value are not all there.')
+  return {name: np.concatenate(v) for name, v in found.items()}, rest
+
+
+def _split(state: Flat, family: str) -> Tuple[Flat, Flat]:
+  """(transformers' separate projections, the rest) of timm's fused qkv."""
+  module, parts, fused = _qkv(family)
+  pattern = _pattern(fused)
+  out, rest = {}, {}
+  for key, value in state.items():
+    match = pattern.fullmatch(key)
+    if match is None or match['leaf'] is None:
+      rest[key] = value
+      continue
+    for part, piece in zip(parts, np.split(value, 3)):
+      out[f"{module.format(part=part, **_fields(match))}."
+          f"{match['leaf']}"] = piece
+  return out, rest
 
 
 def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
@@ -224,8 +268,7 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   arch = architecture(config)
   family, prefix = ARCHITECTURES[arch]
   tower, dropped = _image_tower(state, prefix)
-  fused, tower = _fuse(tower, _QKV.get(family, _QKV['vit']) if family not in (
-      'clip', 'siglip') else _QKV['clip'])
+  fused, tower = _fuse(tower, family)
   out, extra, unknown = dict(fused), {}, []
   for key, value in tower.items():
     name = _rename(key, _RULES[family], 0)
@@ -263,138 +306,82 @@ def _fold_class_entry(state: Flat) -> Flat:
               pos_embed=table[:, 1:])
 
 
-# transformers' hidden_act -> timm's act_layer.
-_ACTIVATIONS = {'gelu': None, 'gelu_pytorch_tanh': 'gelu_tanh',
-                'gelu_new': 'gelu_tanh', 'quick_gelu': 'quick_gelu'}
+def _unfold_class_entry(state: Flat) -> Flat:
+  """The registers' table with its class entry back, of zeros: the token
+  as it is plus a zero entry is the sum that `_fold_class_entry` made, so
+  the outputs are equal."""
+  table = state['pos_embed']
+  return dict(state, pos_embed=np.concatenate(
+      [np.zeros_like(table[:, :1]), table], axis=1))
 
 
-def _unsupported(arch: str, key: str, value, why: str) -> ValueError:
-  return ValueError(f"transformers' {arch} with {key}={value!r} is not "
-                    f'supported: {why}.')
+# Top-level modules outside the image tower's prefix: its heads.
+_OUTSIDE = ('classifier', 'cls_classifier', 'distillation_classifier',
+            'visual_projection')
 
 
-def _activation(arch: str, config: Dict[str, Any]):
-  act = config.get('hidden_act', 'gelu')
-  if act not in _ACTIVATIONS:
-    raise _unsupported(arch, 'hidden_act', act, 'vit_jax computes GELU (exact '
-                       f'or tanh) and QuickGELU: {", ".join(_ACTIVATIONS)}')
-  return _ACTIVATIONS[act]
-
-
-def _check(arch: str, config: Dict[str, Any], **fixed) -> None:
-  """Settings vit_jax computes only at these values."""
-  for key, (value, why) in fixed.items():
-    if config.get(key, value) != value:
-      raise _unsupported(arch, key, config[key], why)
-
-
-def _swiglu_hidden(config: Dict[str, Any]) -> int:
-  """DINOv2's SwiGLU width: 2/3 of the MLP's, rounded up to 8."""
-  hidden = int(config['hidden_size'] * config.get('mlp_ratio', 4))
-  return (int(hidden * 2 / 3) + 7) // 8 * 8
-
-
-def vit_settings(config: Dict[str, Any]) -> Dict[str, Any]:
-  """The arguments of timm's VisionTransformer that computes the image
-  tower of a transformers config.json (not Swin's: `swin_settings`)."""
-  arch, vision = architecture(config), vision_config(config)
+def _written_rules(arch: str, config: Dict[str, Any]) -> list:
+  """The rules that write `arch`, the preferred name first."""
   family = ARCHITECTURES[arch][0]
-  _check(arch, vision, num_channels=(3, "vit_jax's pipelines feed RGB "
-                                     'images'),
-         qkv_bias=(True, 'its attention has no query/key/value biases'),
-         pooler_act=('tanh', "the original's pre_logits use tanh"))
-  width = vision['hidden_size']
-  settings = dict(
-      embed_dim=width, depth=vision['num_hidden_layers'],
-      num_heads=vision['num_attention_heads'],
-      patch_size=vision['patch_size'],
-      mlp_ratio=vision.get('intermediate_size', 4 * width) / width,
-      act_layer=_activation(arch, vision),
-      layer_norm_eps=vision.get('layer_norm_eps', 1e-12),
-      global_pool='token', class_token=True, fc_norm=None, distilled=False,
-      init_values=None, no_embed_class=False, reg_tokens=0, mlp_layer=None,
-      pre_norm=False)
+  if family == 'dinov2':
+    swiglu = _SWIGLU if config.get('use_swiglu_ffn') else []
+    return _VIT_COMMON + swiglu + _DINOV2_BLOCKS
   if family == 'deit':
-    settings['distilled'] = True
-  elif family == 'dinov2':
-    settings.update(init_values=vision.get('layerscale_value', 1.),
-                    mlp_ratio=vision.get('mlp_ratio', 4))
-    if arch == 'Dinov2WithRegistersModel':
-      settings.update(reg_tokens=vision.get('num_register_tokens', 4),
-                      no_embed_class=True)
-    if vision.get('use_swiglu_ffn'):
-      settings.update(mlp_layer='swiglu_packed', act_layer='silu',
-                      mlp_ratio=2 * _swiglu_hidden(vision) / width)
-  elif family == 'clip':
-    settings['pre_norm'] = True
-  elif family == 'siglip':
-    if not vision.get('vision_use_head', True):
-      raise _unsupported(arch, 'vision_use_head', False, 'its pooled output '
-                         'is the MAP head')
-    settings.update(class_token=False, global_pool='map')
-  return settings
+    return _DEIT_HEADS + _VIT_COMMON + _VIT_BLOCKS
+  if family in ('vit', 'mae'):
+    return _VIT_COMMON + _VIT_BLOCKS
+  return _RULES[family]
 
 
-def swin_settings(config: Dict[str, Any]) -> Dict[str, Any]:
-  """vit_jax's Swin config fields of a SwinForImageClassification."""
+def _special_from_timm(state: Flat, extra: Flat,
+                       family: str) -> Tuple[Flat, Flat]:
+  """(transformers' names of what `to_timm` reads case by case, the rest
+  of `state`)."""
+  state, out = dict(state), {}
+  if family in ('clip', 'siglip'):  # an nn.Embedding
+    out['embeddings.position_embedding.weight'] = state.pop('pos_embed')[0]
+  if family == 'clip':
+    out['embeddings.class_embedding'] = state.pop('cls_token').reshape(-1)
+    if 'head.weight' in state:  # bias-free: `export_architecture` checks
+      out['visual_projection.weight'] = state.pop('head.weight')
+      state.pop('head.bias')
+  for leaf in ('weight', 'bias'):
+    if f'attn_pool.q.{leaf}' in state:  # torch's fused MHA
+      out[f'head.attention.in_proj_{leaf}'] = np.concatenate(
+          [state.pop(f'attn_pool.q.{leaf}'), state.pop(f'attn_pool.kv.{leaf}')])
+  if 'pre_logits/kernel' in extra:  # ViTModel's tanh pooler
+    out['pooler.dense.weight'] = extra['pre_logits/kernel'].T
+    out['pooler.dense.bias'] = extra['pre_logits/bias']
+  return out, state
+
+
+def from_timm(state: Flat, extra: Flat, config: Dict[str, Any]) -> Flat:
+  """transformers' state dict of `config` (`config_json`'s) from timm's of
+  the image tower and the published names that timm has no name for
+  (`pre_logits`, the pooler): the inverse of `to_timm`."""
   arch = architecture(config)
-  _check(arch, config,
-         num_channels=(3, "vit_jax's pipelines feed RGB images"),
-         hidden_act=('gelu', "vit_jax's Swin computes the exact GELU"),
-         mlp_ratio=(4.0, "vit_jax's Swin MLPs are 4x wide"),
-         qkv_bias=(True, 'its attention has no query/key/value biases'),
-         use_absolute_embeddings=(False, "vit_jax's Swin has no absolute "
-                                  'position table'),
-         layer_norm_eps=(1e-5, "vit_jax's Swin LayerNorms have eps 1e-5"))
-  return dict(patch_size=config['patch_size'], embed_dim=config['embed_dim'],
-              depths=tuple(config['depths']),
-              num_heads=tuple(config['num_heads']),
-              window_size=config['window_size'])
-
-
-# PIL's filters by the integer transformers' `resample` stores.
-_RESAMPLE = {0: 'nearest', 1: 'lanczos', 2: 'bilinear', 3: 'bicubic',
-             4: 'box', 5: 'hamming'}
-
-
-def _side(size: Dict[str, int], what: str) -> Tuple[int, str]:
-  """(side, crop_mode) of a processor's `size` dict."""
-  if 'shortest_edge' in size:
-    return int(size['shortest_edge']), 'center'
-  if size.get('height') != size.get('width'):
-    raise ValueError(f"preprocessor_config.json's {what} {size} is not "
-                     'square; vit_jax evaluates square images.')
-  return int(size['height']), 'squash'
-
-
-def eval_transform(processor: Dict[str, Any]) -> Dict[str, Any]:
-  """A preprocessor_config.json as timm's pretrained_cfg keys: resized to
-  `size` (both sides, or the short one: `shortest_edge`), then, with
-  `do_center_crop`, cropped to `crop_size`."""
-  side, mode = _side(processor.get('size') or {'height': 224, 'width': 224},
-                     'size')
-  crop = side
-  if processor.get('do_center_crop'):
-    crop, _ = _side(processor['crop_size'], 'crop_size')
-  elif mode == 'center':
-    raise ValueError("preprocessor_config.json resizes the short side to "
-                     f'{side} without a crop: the image is not square.')
-  if not processor.get('do_resize', True):
-    raise ValueError('preprocessor_config.json does not resize: vit_jax '
-                     'evaluates images of one size.')
-  if not processor.get('do_rescale', True) or abs(
-      processor.get('rescale_factor', 1 / 255) * 255 - 1) > 1e-6:
-    raise ValueError('preprocessor_config.json does not scale pixels by '
-                     '1/255, which vit_jax does.')
-  normalize = processor.get('do_normalize', True)
-  resample = processor.get('resample', 3)
-  if resample not in _RESAMPLE:
-    raise ValueError(f'preprocessor_config.json: unknown resample '
-                     f'{resample!r} (PIL filters 0-5).')
-  return dict(
-      input_size=[3, crop, crop], crop_pct=crop / side, crop_mode=mode,
-      interpolation=_RESAMPLE[resample],
-      mean=list(processor.get('image_mean', (0.5,) * 3)) if normalize
-      else [0., 0., 0.],
-      std=list(processor.get('image_std', (0.5,) * 3)) if normalize
-      else [1., 1., 1.])
+  family, prefix = ARCHITECTURES[arch]
+  if family == 'swin':
+    state = convert_swin.to_original(state)
+  if arch == 'Dinov2WithRegistersModel':
+    state = _unfold_class_entry(state)
+  out, state = _special_from_timm(state, extra, family)
+  split, state = _split(state, family)
+  out.update(split)
+  rules, unknown = _written_rules(arch, config), []
+  for key, value in state.items():
+    name = _rename(key, rules, 1)
+    if name is None:
+      unknown.append(key)
+    else:
+      out[name] = value
+  if unknown:
+    raise ValueError(f"transformers' {arch} has no counterpart of timm's "
+                     f'{", ".join(unknown[:6])}.')
+  if arch == 'Dinov2WithRegistersModel':
+    # Its embeddings always hold one, which only masked image modeling
+    # uses; zeros are transformers' own init.
+    out['embeddings.mask_token'] = np.zeros((1, config['hidden_size']),
+                                            np.float32)
+  return {k if k.split('.')[0] in _OUTSIDE else prefix + k: v
+          for k, v in out.items()}
