@@ -85,7 +85,10 @@ def export(folder, work):
   npz = os.path.join(work, f'{folder}.npz')
   out = os.path.join(work, folder)
   if not os.path.exists(out):
-    vit_jax(os.path.join(DATA, 'transformers', folder), npz)
+    # A two-tower folder's image tower alone, by its image preset.
+    image = {'clip': ['--model_name=CLIP-testing-quickgelu'],
+             'siglip': ['--model_name=SigLIP-testing']}.get(folder, [])
+    vit_jax(os.path.join(DATA, 'transformers', folder), npz, *image)
     vit_jax(npz, out, '--layout=transformers')
   return npz, out
 

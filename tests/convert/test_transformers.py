@@ -14,7 +14,6 @@ from vit_jax import checkpoint  # the original's module name
 from vit_jax.convert import converter
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
-from vit_jax.convert import transformers_layout
 from vit_jax import pretrained
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'data')
