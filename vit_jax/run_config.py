@@ -24,6 +24,7 @@ from vit_jax import cli
 from vit_jax.checkpoints import pretrained
 from vit_jax.checkpoints import storage
 from vit_jax.convert import converter
+from vit_jax.convert import hub
 from vit_jax.convert import transform
 from vit_jax.models import registry
 
@@ -74,7 +75,7 @@ def _convert_pretrained(config) -> None:
   `pretrained_path`: converted once (`converter.as_npz`), the run reads the
   .npz and its record."""
   path = config.get('pretrained_path')
-  if path and converter.is_convertible(path):
+  if path and hub.is_convertible(path):
     config.pretrained_path = converter.as_npz(path)
     _note(f'config.pretrained_path={path} is read as '
           f'{config.pretrained_path}')

@@ -49,7 +49,7 @@ safetensors' numpy API, a torch `.pth`/`.bin` with
 # pylint: disable=unused-import
 from vit_jax.convert.converter import as_npz
 from vit_jax.convert.converter import convert
-from vit_jax.convert.converter import fetch
+from vit_jax.convert.hub import fetch
 from vit_jax.convert.converter import from_timm
 from vit_jax.convert.converter import locate
 from vit_jax.convert.converter import read_timm

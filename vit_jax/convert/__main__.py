@@ -7,6 +7,7 @@ from absl import flags
 
 from vit_jax import cli
 from vit_jax.convert import converter
+from vit_jax.convert import export
 
 FLAGS = flags.FLAGS
 
@@ -23,7 +24,7 @@ if __name__ == '__main__':
   flags.DEFINE_string('model_name', None,
                       'Preset (default: the .npz record\'s, else inferred '
                       'from the shapes).')
-  flags.DEFINE_enum('layout', 'timm', converter.LAYOUTS,
+  flags.DEFINE_enum('layout', 'timm', export.LAYOUTS,
                     "An .npz's output: timm's .safetensors, or a "
                     "transformers folder (config.json, model.safetensors, "
                     'preprocessor_config.json).')

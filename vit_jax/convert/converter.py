@@ -1,8 +1,9 @@
-"""Reading timm's checkpoints (a folder, a weights file, a hub name) and
-converting them to the published .npz and back; the record beside it."""
+"""Reading timm's and transformers' checkpoints (a folder, a weights file, a
+hub name) into the published .npz and its record; `convert`, the command
+line's, also writes an .npz back (`export`); `as_npz` converts once, into
+a cache."""
 
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -16,6 +17,8 @@ import numpy as np
 from vit_jax import cli
 from vit_jax.checkpoints import files
 from vit_jax.convert import eva as convert_eva
+from vit_jax.convert import export
+from vit_jax.convert import hub
 from vit_jax.convert.preset_inference import check_preset
 from vit_jax.convert.preset_inference import differences
 from vit_jax.convert.preset_inference import dims
@@ -29,7 +32,6 @@ from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_layout
 from vit_jax.convert import transformers_text
 from vit_jax.convert.names import missing_keys
-from vit_jax.convert.names import npz_to_timm
 from vit_jax.convert.names import timm_to_npz
 from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.timm_config import timm_settings
@@ -75,29 +77,19 @@ def _check_config_dims(settings, flat: Flat, path: str, eva: bool) -> None:
                      f'it says {", ".join(wrong)}.')
 
 
-def _import(module: str, path: str):
-  """`module`, or a ModuleNotFoundError saying how to install it."""
-  try:
-    return importlib.import_module(module)
-  except ModuleNotFoundError as e:
-    raise ModuleNotFoundError(
-        f"Reading {path} needs {module.split('.')[0]}: pip install -e "
-        "'.[convert]'") from e
-
-
 def read_timm(path: str) -> Flat:
   """A timm checkpoint file as numpy arrays; never unpickles objects."""
   if path.endswith('.safetensors'):
-    load_file = _import('safetensors.numpy', path).load_file
+    load_file = export.optional_import('safetensors.numpy', path).load_file
     try:
       return load_file(path)
-    except _import('safetensors', path).SafetensorError as e:
+    except export.optional_import('safetensors', path).SafetensorError as e:
       raise ValueError(f'Cannot read {path}: not a safetensors file, or '
                        f'truncated or corrupt ({e}).') from e
   if not path.endswith(('.pth', '.bin', '.pt')):
     raise ValueError(f'{path}: expected a .safetensors, .pth or .bin file.')
   import pickle  # pylint: disable=g-import-not-at-top
-  torch = _import('torch', path)
+  torch = export.optional_import('torch', path)
   try:
     state = torch.load(path, map_location='cpu', weights_only=True)
   except pickle.UnpicklingError as e:
@@ -111,17 +103,15 @@ def read_timm(path: str) -> Flat:
   return {k: v.float().numpy() for k, v in state.items()}
 
 
-# A timm folder's weights, as the hub and `save_for_hf` name them.
-_WEIGHTS = ('model.safetensors', 'pytorch_model.bin')
 
 
 def locate(src: str):
   """(weights file, its config.json or None) of a file or a timm folder."""
   if os.path.isdir(src):
-    found = [os.path.join(src, n) for n in _WEIGHTS
+    found = [os.path.join(src, n) for n in hub.WEIGHTS
              if os.path.exists(os.path.join(src, n))]
     if not found:
-      raise FileNotFoundError(f'{src} holds none of {", ".join(_WEIGHTS)}.')
+      raise FileNotFoundError(f'{src} holds none of {", ".join(hub.WEIGHTS)}.')
     src = found[0]
   elif not os.path.exists(src):
     raise FileNotFoundError(f'{src}: no such file or folder.')
@@ -261,23 +251,7 @@ def _two_towers(state: Flat, config, image: Source,
           **{f'txt/{k}': v for k, v in text.items()}, 't': extras['t']}
   if extras['b'] is not None:
     flat['b'] = extras['b']
-  return Source(flat, name, _changed(preset, model), image.transform)
-
-
-def _changed(base, new) -> Dict[str, Any]:
-  """The fields of `new` that differ from `base` (nested dicts key by
-  key; tuples and lists alike)."""
-  out = {}
-  for key, value in new.items():
-    old = base.get(key)
-    if isinstance(value, dict) and isinstance(old, dict):
-      inner = _changed(old, value)
-      if inner:
-        out[key] = inner
-    elif (list(value) if isinstance(value, (tuple, list)) else value) != (
-        list(old) if isinstance(old, (tuple, list)) else old):
-      out[key] = list(value) if isinstance(value, tuple) else value
-  return out
+  return Source(flat, name, transform.model_overrides(preset, model), image.transform)
 
 
 def _transformers_transform(weights: str, config, family):
@@ -405,37 +379,6 @@ def _check_posembed(flat: Flat, path: str) -> None:
                      'beside it.')
 
 
-# What a hub checkpoint's folder holds that vit_jax reads: the weights, the
-# config.json of timm or transformers, transformers' processor, a two-tower
-# model's tokenizer.
-HUB_FILES = ('config.json', 'model.safetensors', 'preprocessor_config.json',
-             'tokenizer.json', 'tokenizer_config.json', 'spiece.model')
-
-
-def fetch(name: str, timeout: float = 5.) -> str:
-  """The folder of hub checkpoint `name` (e.g. timm/vit_base_patch16_224.
-  augreg_in21k, google/vit-base-patch16-224): huggingface_hub's cached
-  copy, else downloaded (`HUB_FILES`). Fails in seconds offline."""
-  import socket  # pylint: disable=g-import-not-at-top
-  try:
-    hub = importlib.import_module('huggingface_hub')
-    return hub.snapshot_download(name, allow_patterns=list(HUB_FILES),
-                                 local_files_only=True)
-  except (ModuleNotFoundError, OSError, ValueError):  # absent, not cached
-    pass
-  try:
-    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('', '0'):
-      raise OSError('HF_HUB_OFFLINE is set')  # the hub's own switch
-    socket.create_connection(('huggingface.co', 443), timeout=timeout).close()
-  except OSError as e:
-    raise ConnectionError(
-        f'Cannot reach huggingface.co to fetch {name} ({e}). Download its '
-        f'{", ".join(HUB_FILES[:3])} (and tokenizer files) where there is '
-        'network, then convert their folder.') from e
-  hub = _import('huggingface_hub', name)
-  return hub.snapshot_download(name, allow_patterns=list(HUB_FILES))
-
-
 def _record(dst: str, source: Source) -> None:
   """The eval transform and the model's settings, beside `dst` (replacing
   any record of the file that `dst` replaces). What the source does not say
@@ -485,120 +428,22 @@ def _check_destination(src: str, dst: str) -> None:
     raise FileNotFoundError(f'{dst}: the folder {folder} does not exist.')
 
 
-def _is_eva_preset(name: str) -> bool:
-  """Whether timm builds the preset `name` with its Eva (`convert.eva`)."""
-  return registry.family(name).timm_layout == 'eva'
-
-
-def _to_eva(flat: Flat) -> Flat:
-  """Published names -> the state dict of timm's Eva (EVA-02-B/L's
-  projections and SwiGLU apart, as its MLP's inner norm shows)."""
-  qkv_bias = convert_eva.qkv_bias_of(flat)
-  state = npz_to_timm(convert_eva.with_zero_biases(flat))
-  fused = not any(k.endswith('MlpBlock_3/norm/scale') for k in flat)
-  return convert_eva.from_vit_state(state, fused=fused, qkv_bias=qkv_bias)
-
-
-def _npz_flat(src: str) -> Flat:
-  """The published names of an .npz (of a two-tower one's image tower)."""
-  params = files.load(src)
-  if 'img' in params and 'txt' in params:  # LiT's, big_vision's SigLIP
-    print(f'Note: {src} holds two towers: converting the image tower '
-          '(img).', file=sys.stderr)
-    params = params['img']
-  return files.published_flat(params)
-
-
-def _npz_preset(flat: Flat) -> str:
-  """The preset that published names have the shapes of."""
-  return (convert_swin.preset(flat) if convert_swin.is_swin(flat) else
-          infer_preset(flat))
-
-
-def _timm_state(flat: Flat, model: Dict[str, Any]):
-  """(timm's state dict of published names, those that timm has no name
-  for: `pre_logits`); a Swin's bias tables at `model`'s window."""
-  extra = {k: v for k, v in flat.items() if k.startswith('pre_logits/')}
-  rest = {k: v for k, v in flat.items() if k not in extra}
-  if convert_swin.is_swin(flat):
-    rest = convert_swin.fit_window(rest, model['window_size'])
-    return convert_swin.npz_to_timm(rest), extra
-  return npz_to_timm(rest), extra
-
-
-def _eval_transform(name: str, record: Dict[str, Any],
-                    normalization) -> transform.Transform:
-  """The transform that predict applies to the checkpoint: its record's,
-  else the preset's `normalization` at its native side."""
-  side = (transform.recorded_size(record) or
-          registry.native_resolution(name) or 224)
-  return transform.resolve(side, record, normalization)
-
-
-def _write_folder(dst: str, config, weights: Flat, processor) -> None:
-  """A transformers folder: config.json, model.safetensors (float32, torch's
-  layout) and preprocessor_config.json."""
-  save_file = _import('safetensors.numpy', dst).save_file
-  os.makedirs(dst, exist_ok=True)
-  save_file({k: np.ascontiguousarray(v, np.float32)
-             for k, v in weights.items()},
-            os.path.join(dst, 'model.safetensors'), metadata={'format': 'pt'})
-  for name, content in (('config.json', config),
-                        ('preprocessor_config.json', processor)):
-    with open(os.path.join(dst, name), 'w') as f:
-      f.write(json.dumps(content, indent=2, sort_keys=True) + '\n')
-
-
-def _to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
-  """Writes the .npz `src` as the transformers folder `dst` (nothing when
-  transformers cannot compute it); returns the preset: `model_name`, else
-  the record's, else inferred from the shapes."""
-  if os.path.exists(dst) and not os.path.isdir(dst):
-    raise ValueError(f'{dst}: --layout=transformers writes a folder, and '
-                     'this is a file.')
-  flat = _npz_flat(src)
-  record = transform.load_transform(src) or {}
-  name = model_name or record.get('model_name') or _npz_preset(flat)
-  model, normalization = transform.preset_settings(name, record)
-  arch = transformers_config.export_architecture(name, model, flat)
-  spec = _eval_transform(name, record, normalization)
-  config = transformers_config.config_json(arch, model, flat, spec.size)
-  weights = transformers_layout.from_timm(*_timm_state(flat, model), config)
-  processor = transformers_config.preprocessor_json(spec)
-  _write_folder(dst, config, weights, processor)
-  if arch == 'ViTModel' and 'pre_logits/kernel' not in flat:
-    print(f'Note: {dst} is a ViTModel without a pooler: load it with '
-          'add_pooling_layer=False.', file=sys.stderr)
-  return name
-
-
-LAYOUTS = ('timm', 'transformers')
-
-
 def convert(src: str, dst: str, model_name: str = None,
             layout: str = 'timm') -> str:
   """Converts `src` to `dst`, by their extensions; an .npz to a
   transformers folder with layout 'transformers'. Returns the preset."""
-  if layout not in LAYOUTS:
-    raise ValueError(cli.closest(layout, LAYOUTS, 'layout'))
+  if layout not in export.LAYOUTS:
+    raise ValueError(cli.closest(layout, export.LAYOUTS, 'layout'))
   if layout == 'transformers':
     if not src.endswith('.npz'):
       raise ValueError(f'--layout=transformers writes an .npz as a '
                        f'transformers folder; {src} is no .npz.')
-    return _to_transformers(src, dst, model_name)
+    return export.to_transformers(src, dst, model_name)
   _check_destination(src, dst)
   if src.endswith('.npz'):
-    flat = _npz_flat(src)
-    model_name = model_name or _npz_preset(flat)
-    state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
-             _to_eva(flat) if _is_eva_preset(model_name) else
-             npz_to_timm(flat))
-    save_file = _import('safetensors.numpy', dst).save_file
-    save_file({k: np.ascontiguousarray(v, np.float32)
-               for k, v in state.items()}, dst)
-    return model_name
+    return export.to_timm(src, dst, model_name)
   if not os.path.exists(src) and re.fullmatch(r'[\w.-]+/[\w.-]+', src):
-    src = fetch(src)
+    src = hub.fetch(src)
   source = from_timm(src, model_name)
   files.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
   _record(dst, source)
@@ -607,36 +452,15 @@ def convert(src: str, dst: str, model_name: str = None,
   return source.model_name
 
 
-def is_convertible(src: str) -> bool:
-  """Whether `src` is a checkpoint that `as_npz` converts: a timm or
-  transformers folder, a weights file, or a hub name (no .npz, no
-  workdir)."""
-  src = os.fspath(src)
-  if os.path.isdir(src):
-    return any(os.path.exists(os.path.join(src, n)) for n in _WEIGHTS)
-  if src.endswith(('.safetensors', '.bin', '.pth', '.pt')):
-    return True
-  return (not os.path.exists(src) and '://' not in src and
-          re.fullmatch(r'[\w.-]+/[\w.-]+', src) is not None)
-
-
-def cache_dir() -> str:
-  """Where converted checkpoints are kept: $VIT_JAX_CACHE/converted
-  (default ~/.cache/vit_jax/converted)."""
-  root = os.environ.get('VIT_JAX_CACHE') or os.path.join(
-      os.path.expanduser('~'), '.cache', 'vit_jax')
-  return os.path.join(root, 'converted')
-
-
 def as_npz(src: str, model_name: Optional[str] = None) -> str:
   """`src` as a published .npz with its record: itself if it is none of
-  `is_convertible`'s, else converted once into `cache_dir()` (a new
+  `is_convertible`'s, else converted once into `hub.cache_dir()` (a new
   conversion when the files change)."""
   src = os.fspath(src)
-  if not is_convertible(src):
+  if not hub.is_convertible(src):
     return src
   if not os.path.exists(src):
-    src = fetch(src)
+    src = hub.fetch(src)
   weights, config = locate(src)
   key = [os.path.abspath(weights), model_name or '']
   for path in (weights, config, os.path.join(os.path.dirname(weights),
@@ -646,9 +470,9 @@ def as_npz(src: str, model_name: Optional[str] = None) -> str:
       key += [path, stat.st_size, stat.st_mtime_ns]
   digest = hashlib.sha1(repr(key).encode()).hexdigest()[:12]
   stem = os.path.basename(os.path.normpath(os.path.dirname(weights)))
-  dst = os.path.join(cache_dir(), f'{stem}-{digest}.npz')
+  dst = os.path.join(hub.cache_dir(), f'{stem}-{digest}.npz')
   if not os.path.exists(dst):
-    os.makedirs(cache_dir(), exist_ok=True)
+    os.makedirs(hub.cache_dir(), exist_ok=True)
     # The record first, then the .npz by rename: a .npz here is complete.
     partial = f'{dst[:-4]}.partial-{os.getpid()}.npz'
     convert(src, partial, model_name)

@@ -177,6 +177,22 @@ def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
   return merged(config, (recorded or {}).get('model') or {})
 
 
+def model_overrides(base, new) -> Dict[str, Any]:
+  """The fields of model config `new` that differ from `base` (nested dicts
+  key by key, tuples as lists): what `model_config` merges back."""
+  out = {}
+  for key, value in new.items():
+    old = base.get(key)
+    if isinstance(value, Mapping) and isinstance(old, Mapping):
+      inner = model_overrides(old, value)
+      if inner:
+        out[key] = inner
+    elif (list(value) if isinstance(value, (tuple, list)) else value) != (
+        list(old) if isinstance(old, (tuple, list)) else old):
+      out[key] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
 def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
   """(mean, std) of a record, if it names both."""
   if not recorded or 'mean' not in recorded or 'std' not in recorded:

@@ -1,0 +1,135 @@
+"""An .npz in another layout: timm's state dict (`to_timm`) or a
+transformers folder (`to_transformers`), with the record's settings."""
+
+import importlib
+import json
+import os
+import sys
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from vit_jax.checkpoints import files
+from vit_jax.convert import eva as convert_eva
+from vit_jax.convert import swin as convert_swin
+from vit_jax.convert import transform
+from vit_jax.convert import transformers_config
+from vit_jax.convert import transformers_layout
+from vit_jax.convert.names import npz_to_timm
+from vit_jax.convert.preset_inference import infer_preset
+from vit_jax.models import registry
+
+Flat = Dict[str, np.ndarray]
+
+LAYOUTS = ('timm', 'transformers')
+
+
+def optional_import(module: str, path: str):
+  """`module`, or a ModuleNotFoundError saying how to install it."""
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    raise ModuleNotFoundError(
+        f"Reading {path} needs {module.split('.')[0]}: pip install -e "
+        "'.[convert]'") from e
+
+
+def _is_eva_preset(name: str) -> bool:
+  """Whether timm builds the preset `name` with its Eva (`convert.eva`)."""
+  return registry.family(name).timm_layout == 'eva'
+
+
+def _to_eva(flat: Flat) -> Flat:
+  """Published names -> the state dict of timm's Eva (EVA-02-B/L's
+  projections and SwiGLU apart, as its MLP's inner norm shows)."""
+  qkv_bias = convert_eva.qkv_bias_of(flat)
+  state = npz_to_timm(convert_eva.with_zero_biases(flat))
+  fused = not any(k.endswith('MlpBlock_3/norm/scale') for k in flat)
+  return convert_eva.from_vit_state(state, fused=fused, qkv_bias=qkv_bias)
+
+
+def _npz_flat(src: str) -> Flat:
+  """The published names of an .npz (of a two-tower one's image tower)."""
+  params = files.load(src)
+  if 'img' in params and 'txt' in params:  # LiT's, big_vision's SigLIP
+    print(f'Note: {src} holds two towers: converting the image tower '
+          '(img).', file=sys.stderr)
+    params = params['img']
+  return files.published_flat(params)
+
+
+def _npz_preset(flat: Flat) -> str:
+  """The preset that published names have the shapes of."""
+  return (convert_swin.preset(flat) if convert_swin.is_swin(flat) else
+          infer_preset(flat))
+
+
+def _timm_state(flat: Flat, model: Dict[str, Any]):
+  """(timm's state dict of published names, those that timm has no name
+  for: `pre_logits`); a Swin's bias tables at `model`'s window."""
+  extra = {k: v for k, v in flat.items() if k.startswith('pre_logits/')}
+  rest = {k: v for k, v in flat.items() if k not in extra}
+  if convert_swin.is_swin(flat):
+    rest = convert_swin.fit_window(rest, model['window_size'])
+    return convert_swin.npz_to_timm(rest), extra
+  return npz_to_timm(rest), extra
+
+
+def _eval_transform(name: str, record: Dict[str, Any],
+                    normalization) -> transform.Transform:
+  """The transform that predict applies to the checkpoint: its record's,
+  else the preset's `normalization` at its native side."""
+  side = (transform.recorded_size(record) or
+          registry.native_resolution(name) or 224)
+  return transform.resolve(side, record, normalization)
+
+
+def _write_folder(dst: str, config, weights: Flat, processor) -> None:
+  """A transformers folder: config.json, model.safetensors (float32, torch's
+  layout) and preprocessor_config.json."""
+  save_file = optional_import('safetensors.numpy', dst).save_file
+  os.makedirs(dst, exist_ok=True)
+  save_file({k: np.ascontiguousarray(v, np.float32)
+             for k, v in weights.items()},
+            os.path.join(dst, 'model.safetensors'), metadata={'format': 'pt'})
+  for name, content in (('config.json', config),
+                        ('preprocessor_config.json', processor)):
+    with open(os.path.join(dst, name), 'w') as f:
+      f.write(json.dumps(content, indent=2, sort_keys=True) + '\n')
+
+
+def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
+  """Writes the .npz `src` as the transformers folder `dst` (nothing when
+  transformers cannot compute it); returns the preset: `model_name`, else
+  the record's, else inferred from the shapes."""
+  if os.path.exists(dst) and not os.path.isdir(dst):
+    raise ValueError(f'{dst}: --layout=transformers writes a folder, and '
+                     'this is a file.')
+  flat = _npz_flat(src)
+  record = transform.load_transform(src) or {}
+  name = model_name or record.get('model_name') or _npz_preset(flat)
+  model, normalization = transform.preset_settings(name, record)
+  arch = transformers_config.export_architecture(name, model, flat)
+  spec = _eval_transform(name, record, normalization)
+  config = transformers_config.config_json(arch, model, flat, spec.size)
+  weights = transformers_layout.from_timm(*_timm_state(flat, model), config)
+  processor = transformers_config.preprocessor_json(spec)
+  _write_folder(dst, config, weights, processor)
+  if arch == 'ViTModel' and 'pre_logits/kernel' not in flat:
+    print(f'Note: {dst} is a ViTModel without a pooler: load it with '
+          'add_pooling_layer=False.', file=sys.stderr)
+  return name
+
+
+def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
+  """Writes the .npz `src` as timm's state dict `dst` (.safetensors);
+  returns the preset."""
+  flat = _npz_flat(src)
+  model_name = model_name or _npz_preset(flat)
+  state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
+           _to_eva(flat) if _is_eva_preset(model_name) else
+           npz_to_timm(flat))
+  save_file = optional_import('safetensors.numpy', dst).save_file
+  save_file({k: np.ascontiguousarray(v, np.float32)
+             for k, v in state.items()}, dst)
+  return model_name
