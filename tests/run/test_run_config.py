@@ -283,3 +283,25 @@ def test_transformers_folder_as_pretrained_path(tmp_path, monkeypatch, capsys):
   # Named on the command line, the preset wins over the record's.
   config = command({'pretrained_path': folder, 'model_name': 'DeiT-testing'})
   assert config.model_name == 'DeiT-testing'
+
+
+def test_fewshot_and_fine_tuning_from_a_transformers_folder(
+    fmnist_dirs, tmp_path, monkeypatch, capsys):
+  """`pretrained_path` a transformers folder (DINOv2, its table resized to
+  28 px as transformers resizes it), with no preset named: few-shot, then
+  two steps of fine-tuning, each a run of its own."""
+  monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path / 'cache'))
+  folder = os.path.join(DATA, 'transformers', 'dinov2')
+  flags = dict(_plumbing(fmnist_dirs), pretrained_path=folder,
+               **{'pp.crop': 28})
+  results = {}
+  for trainer in ('fewshot', 'train'):
+    run = command(dict(flags, trainer=trainer))
+    assert run.model_name == 'DINOv2-testing'
+    launch.train_and_evaluate(run, str(tmp_path / trainer))
+    results[trainer] = json.loads(
+        next((tmp_path / trainer).glob('*results.json')).read_text())
+  assert 'fewshot_2shot' in results['fewshot']
+  assert results['train']['step'] == 2 and 'accuracy' in results['train']
+  # The record's resize, torch's plain bicubic, for both runs.
+  assert capsys.readouterr().err.count('(bicubic_torch, grid 5x5 -> 2x2') == 2

@@ -11,6 +11,7 @@ user can cause raise `FileNotFoundError` or `CheckpointError` with a short
 listing, before anything is compiled.
 """
 
+import json
 import os
 import re
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -107,6 +108,25 @@ def _from_big_vision(flat: Mapping[str, Any]) -> Params:
                  r'\1Transformer/posembed_input/pos_embedding', key)
     out[key] = value
   return out
+
+
+def beside(npz_path, suffix: str) -> epath.Path:
+  """`<name>.<suffix>` beside `<name>.npz`: the record `convert` writes
+  (`transform.json`), a two-tower model's vocabulary."""
+  path = epath.Path(npz_path)
+  stem = path.name[:-len('.npz')] if path.name.endswith('.npz') else path.name
+  return path.parent / f'{stem}.{suffix}'
+
+
+def read_record(npz_path) -> Optional[Dict[str, Any]]:
+  """The record beside `npz_path` (`<name>.transform.json`), or None."""
+  path = beside(npz_path, 'transform.json')
+  if not path.exists():
+    return None
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{path} is not valid JSON: {e}') from e
 
 
 def load(path) -> Params:

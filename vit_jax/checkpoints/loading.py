@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import storage
 from vit_jax.models import posemb
 from vit_jax.models import posemb_resize
 from vit_jax.models import registry
@@ -266,6 +267,14 @@ def _fit_head(params, init_params, new_head, path):
     _note(path, "the model's initial pre_logits (the file has none)")
 
 
+def _recorded_resize(path: str) -> Optional[str]:
+  """The resize that the record beside a local .npz names (transformers'
+  DINOv2: torch's plain bicubic), or None."""
+  if not path.endswith('.npz') or storage.is_remote(path):
+    return None
+  return (files.read_record(path) or {}).get('posemb_resize')
+
+
 def default_resize_method(model_config) -> str:
   """How the position tables of `model_config`'s preset are resized: as its
   weights' source does ('bicubic' for a name that is no preset)."""
@@ -292,8 +301,9 @@ def load_params(path,
   is kept if the model has a head and dropped if not; so is `pre_logits`.
   Unless `resize_posemb` is False, position tables are resized to the
   model's grid as in `load_pretrained` (`new_grid` and `old_grid`: (h, w)
-  if not square), by `resize_method` (default: as the weights' source
-  does, `default_resize_method`). Each change is printed as one line on
+  if not square), by `resize_method` (default: the record's
+  `posemb_resize`, else as the weights' source does,
+  `default_resize_method`). Each change is printed as one line on
   stderr.
 
   `init_params` may be shapes (`jax.eval_shape`) unless `new_head` needs
@@ -305,7 +315,8 @@ def load_params(path,
   posemb = model_config.get('posemb') or 'learn'
   if resize_posemb:
     _check_posemb(posemb, init_params)
-    resize_method = resize_method or default_resize_method(model_config)
+    resize_method = (resize_method or _recorded_resize(path) or
+                     default_resize_method(model_config))
     posemb_resize.check_method(resize_method)
   params = files.read_params(path) if found is None else found
   if 'img' not in init_params and 'img' in params and 'txt' in params:

@@ -32,6 +32,7 @@ import numpy as np
 from PIL import Image
 
 from vit_jax import cli
+from vit_jax.checkpoints import files
 from vit_jax.models import registry
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
@@ -339,11 +340,7 @@ def summary(transform: Transform, record_path: Optional[str],
 # The record beside a checkpoint.
 
 
-def beside(npz_path, suffix: str) -> epath.Path:
-  """`<name>.<suffix>` beside `<name>.npz` (the record, a vocabulary)."""
-  path = epath.Path(npz_path)
-  stem = path.name[:-len('.npz')] if path.name.endswith('.npz') else path.name
-  return path.parent / f'{stem}.{suffix}'
+beside = files.beside  # `<name>.<suffix>` beside `<name>.npz`
 
 
 def transform_path(npz_path) -> epath.Path:
@@ -359,10 +356,4 @@ def save_transform(npz_path, transform: Dict[str, Any]) -> None:
 
 def load_transform(npz_path) -> Optional[Dict[str, Any]]:
   """The transform recorded beside `npz_path`, or None if there is none."""
-  path = transform_path(npz_path)
-  if not path.exists():
-    return None
-  try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise ValueError(f'{path} is not valid JSON: {e}') from e
+  return files.read_record(npz_path)
