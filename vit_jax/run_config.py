@@ -4,9 +4,10 @@
 config and the normalization its weights expect, in place of the config's
 own model; so does a record that names the preset, when the command line
 names none. A timm or transformers folder, file or hub name as
-`pretrained_path` is converted first (once, cached). The record beside the checkpoint (`NAME.transform.json`, which
-`convert` writes: the model settings that differ from the preset, mean and
-std) applies over that. Values given on the command line
+`pretrained_path` is converted first (once, cached). The record beside the
+checkpoint (`NAME.transform.json`, which `convert` writes: the model
+settings that differ from the preset, mean and std; a two-tower model's
+tokenizer, as `lit.vocab_path`) applies over that. Values given on the command line
 (`--config.model.*`, `--config.pp.mean`, `--config.pp.std`) win over both.
 Each change is said in one note line on stderr. predict and analysis take
 the same preset and record through `transform.preset_settings`.

@@ -251,7 +251,8 @@ def _two_towers(state: Flat, config, image: Source,
           **{f'txt/{k}': v for k, v in text.items()}, 't': extras['t']}
   if extras['b'] is not None:
     flat['b'] = extras['b']
-  return Source(flat, name, transform.model_overrides(preset, model), image.transform)
+  return Source(flat, name, transform.model_overrides(preset, model),
+                image.transform)
 
 
 def _transformers_transform(weights: str, config, family):
