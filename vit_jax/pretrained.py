@@ -44,14 +44,6 @@ def _preset_in_name(path: str) -> Optional[str]:
   return max(found, key=len) if found else None
 
 
-def _merged(base: Dict[str, Any], overrides: Dict[str, Any]):
-  out = dict(base)
-  for key, value in overrides.items():
-    out[key] = (_merged(out.get(key) or {}, value) if isinstance(value, dict)
-                and isinstance(out.get(key), dict) else value)
-  return out
-
-
 def from_pretrained(src, *, model_name: Optional[str] = None,
                     image_size: Optional[int] = None,
                     **overrides) -> Pretrained:
@@ -72,7 +64,7 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
                      'it is: pass model_name=.')
   if name not in registry.MODEL_CONFIGS:
     raise ValueError(cli.closest(name, registry.MODEL_CONFIGS, 'model_name'))
-  config = _merged(transforms.model_config(registry.MODEL_CONFIGS[name],
+  config = transforms.merged(transforms.model_config(registry.MODEL_CONFIGS[name],
                                            record), overrides)
   size = image_size or transforms.recorded_size(record)
   normalization = (transforms.recorded_normalization(record) or
@@ -80,8 +72,8 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   if registry.model_class(name) is lit.LitModel:
     model, params, size = _two_towers(config, path)
   else:
-    model, params, size = loading.load_model(
-        config, path, size, resize_method=record.get('posemb_resize'))
+    # load_params resizes the table as the record says (posemb_resize).
+    model, params, size = loading.load_model(config, path, size)
   spec = transforms.resolve(size, record, normalization)
   return Pretrained(model, params, spec)
 
@@ -90,7 +82,7 @@ def _two_towers(config: Dict[str, Any], path: str):
   """A LitModel and its parameters, the towers' sizes as the file's: its
   text length, vocabulary, projections and image table."""
   found = files.read_params(path)
-  config = _merged(config, _file_sizes(found, config))
+  config = transforms.merged(config, _file_sizes(found, config))
   model = lit.LitModel(**{k: v for k, v in config.items()
                           if k in lit.LitModel.__dataclass_fields__})
   side = config['pp']['size']

@@ -291,3 +291,34 @@ def test_a_hub_name_not_cached_offline_fails_in_one_line(tmp_path,
   with pytest.raises(ConnectionError, match='Cannot reach huggingface.co '
                      'to fetch facebook/dinov2-small'):
     pretrained.from_pretrained('facebook/dinov2-small')
+
+
+@pytest.mark.parametrize('change,message', [
+    ({'size': {'height': 224, 'width': 256}}, 'is not square'),
+    ({'do_center_crop': False}, 'without a crop'),
+    ({'do_resize': False}, 'does not resize'),
+    ({'rescale_factor': 1.0}, 'does not scale pixels by 1/255'),
+    ({'resample': 9}, 'unknown resample 9'),
+])
+def test_a_processor_vit_jax_cannot_follow_is_refused(change, message):
+  with open(os.path.join(FOLDERS, 'dinov2', 'preprocessor_config.json')) as f:
+    processor = dict(json.load(f), **change)
+  with pytest.raises(ValueError, match=message):
+    transformers_config.eval_transform(processor)
+
+
+@pytest.mark.parametrize('change,message', [
+    ({'hidden_act': 'relu'}, "with hidden_act='relu' is not supported"),
+    ({'qkv_bias': False}, 'with qkv_bias=False is not supported'),
+    ({'num_channels': 1}, 'with num_channels=1 is not supported'),
+])
+def test_a_setting_vit_jax_cannot_compute_is_refused(change, message,
+                                                    tmp_path):
+  folder = tmp_path / 'dinov2'
+  shutil.copytree(os.path.join(FOLDERS, 'dinov2'), folder)
+  config = dict(json.loads((folder / 'config.json').read_text()), **change)
+  (folder / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=r"^transformers' Dinov2Model " +
+                     message):
+    converter.convert(str(folder), str(tmp_path / 'out.npz'))
+  assert not (tmp_path / 'out.npz').exists()

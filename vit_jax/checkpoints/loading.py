@@ -61,7 +61,7 @@ def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
 
 
 def load_model(model_config, path, size=None, *, model=None,
-               abstract_params=None, resize_method=None):
+               abstract_params=None):
   """(model, params, image side) of the checkpoint at `path`: the image
   model of `model_config` with the file's head and `pre_logits`, at `size`
   (default: the side its position table implies).
@@ -70,7 +70,6 @@ def load_model(model_config, path, size=None, *, model=None,
   packed sequences) gives its `model` and `abstract_params`: the file must
   fit them as they are (no head or table to change; NaViT's tables are
   sized for its largest grid), and the side is `size` as given.
-  `resize_method`: as `load_params`'s.
   """
   if model is not None:
     return model, load_params(path, init_params=abstract_params,
@@ -86,7 +85,7 @@ def load_model(model_config, path, size=None, *, model=None,
       jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
       train=False))['params']
   return model, load_params(path, init_params=expected, model_config=config,
-                            found=found, resize_method=resize_method), size
+                            found=found), size
 
 
 def image_size(params: Mapping[str, Any], model_config) -> int:

@@ -164,16 +164,19 @@ def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
   return Transform(size=size, **fields)
 
 
+def merged(base: Mapping[str, Any], overrides: Mapping[str, Any]):
+  """`base` (a model config dict) with `overrides` merged in, nested dicts
+  key by key; `model_overrides` is its inverse."""
+  out = dict(base)
+  for key, value in overrides.items():
+    out[key] = (merged(out.get(key) or {}, value)
+                if isinstance(value, Mapping) else value)
+  return out
+
+
 def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
   """The preset's model config, as a dict, with the record's `model`
-  overrides merged in (nested dicts key by key)."""
-  def merged(base, overrides):
-    out = dict(base)
-    for key, value in overrides.items():
-      out[key] = (merged(out.get(key) or {}, value)
-                  if isinstance(value, Mapping) else value)
-    return out
-
+  overrides merged in (`merged`)."""
   config = preset.to_dict() if hasattr(preset, 'to_dict') else dict(preset)
   return merged(config, (recorded or {}).get('model') or {})
 

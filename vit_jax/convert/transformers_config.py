@@ -15,6 +15,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.transformers_layout import ARCHITECTURES
 from vit_jax.convert.transformers_layout import architecture
 from vit_jax.convert.transformers_layout import vision_config
@@ -42,6 +43,14 @@ def _activation(arch: str, config: Dict[str, Any]):
     raise _unsupported(arch, 'hidden_act', act, 'vit_jax computes GELU (exact '
                        f'or tanh) and QuickGELU: {", ".join(_ACTIVATIONS)}')
   return _ACTIVATIONS[act]
+
+
+def mlp_of(arch: str, config: Dict[str, Any]) -> Dict[str, bool]:
+  """vit_jax's MLP settings (`gelu_approximate`, `quick_gelu`) of a
+  config's `hidden_act`, as timm's (`timm_config.mlp_settings`)."""
+  settings = mlp_settings({'mlp_layer': None,
+                           'act_layer': _activation(arch, config)})
+  return {k: settings[k] for k in ('gelu_approximate', 'quick_gelu')}
 
 
 def _check(arch: str, config: Dict[str, Any], **fixed) -> None:

@@ -24,16 +24,11 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from vit_jax.convert import transformers_config
+
 Flat = Dict[str, np.ndarray]
 
 _NAMES = {'clip': 'CLIP', 'siglip': 'SigLIP'}
-# transformers' hidden_act -> `TextTransformer`'s MLP settings.
-ACTIVATIONS = {
-    'quick_gelu': dict(gelu_approximate=False, quick_gelu=True),
-    'gelu': dict(gelu_approximate=False, quick_gelu=False),
-    'gelu_new': dict(gelu_approximate=True, quick_gelu=False),
-    'gelu_pytorch_tanh': dict(gelu_approximate=True, quick_gelu=False),
-}
 # transformers' text configs' defaults of what is read (config.json may
 # leave a default out).
 _DEFAULTS = {
@@ -144,9 +139,6 @@ def _text_fields(kind: str, text_config, state: Flat,
   act, heads = text_config['hidden_act'], text_config['num_attention_heads']
   vocab_size, width = state[
       'text_model.embeddings.token_embedding.weight'].shape
-  if act not in ACTIVATIONS:
-    raise _error(kind, f'hidden_act={act!r}: vit_jax computes one of '
-                 f'{tuple(ACTIVATIONS)}.')
   if width % heads:
     raise _error(kind, f'num_attention_heads={heads} does not divide the '
                  f'width {width}.')
@@ -154,7 +146,9 @@ def _text_fields(kind: str, text_config, state: Flat,
       width=width, vocab_size=vocab_size, num_layers=num_layers,
       mlp_dim=state['text_model.encoder.layers.0.mlp.fc1.weight'].shape[0],
       num_heads=heads, layer_norm_eps=text_config['layer_norm_eps'],
-      **ACTIVATIONS[act], causal=kind == 'clip', pool='last', eos_token=None)
+      **transformers_config.mlp_of(f'{_NAMES[kind]} text tower',
+                                   {'hidden_act': act}),
+      causal=kind == 'clip', pool='last', eos_token=None)
   if kind == 'clip' and text_config['eos_token_id'] == 2:
     fields['pool'] = 'argmax'  # transformers' legacy configs: the largest id
   elif kind == 'clip':
