@@ -22,8 +22,8 @@ big_vision's configs. The study's other weight decay is
       --workdir=/tmp/augreg_l16_i21k
 
 i21k reads big_vision's `imagenet21k` tfds dataset (not in public TFDS) and
-its splits; a folder of images instead: --config.dataset=PATH
---config.pp.train=train --config.pp.test=test.
+its splits; a folder of images instead: --config.dataset=PATH (its train/
+and test/ subfolders).
 """
 
 import ml_collections

@@ -216,24 +216,40 @@ def _eval_images(info, config):
 
 
 def test_image_folder_sub_splits(tmp_path, tiny_config):
-  """Folders take tfds' split specs: 'train[:60%]' and 'train[60%:]' part
-  the 20 training images."""
+  """'folder:' specs cut a folder as tfds' split specs: 'train[:60%]' and
+  'train[60%:]' part the 20 training images."""
   tiny_config.dataset = _image_folder(tmp_path, 10)
-  tiny_config.pp.train, tiny_config.pp.test = 'train[:60%]', 'train[60%:]'
+  tiny_config.pp.train = 'folder:train[:60%]'
+  tiny_config.pp.test = 'folder:train[60%:]'
   info = _info(tiny_config)
   assert (info.num_train, info.num_test) == (12, 8)
   held_out = _eval_images(info, tiny_config)
-  tiny_config.pp.test = 'train[:60%]'
+  tiny_config.pp.test = 'folder:train[:60%]'
   trained_on = _eval_images(_info(tiny_config), tiny_config)
-  tiny_config.pp.test = 'train'
+  tiny_config.pp.test = 'train'  # a subfolder's name reads it
   everything = _eval_images(_info(tiny_config), tiny_config)
   assert len(held_out) == 8 and len(trained_on) == 12
   assert not held_out & trained_on and held_out | trained_on == everything
   batch = next(pipeline.train_iterator(info, tiny_config, batch_size=4))
   assert batch['image'].shape == (4, 32, 32, 3)
-  tiny_config.pp.test = 'validation[:10%]'
+  tiny_config.pp.test = 'folder:validation[:10%]'
   with pytest.raises(ValueError, match="Split 'validation"):
     _info(tiny_config)
+
+
+def test_image_folder_ignores_tfds_specs(tmp_path, tiny_config):
+  """A folder's train/ and test/ are read whatever a tfds dataset's specs
+  say, as the original release reads them: 'train[90%:]' does not turn 10%
+  of the training images into the test split."""
+  tiny_config.dataset = _image_folder(tmp_path, 10)
+  test_only = _eval_images(_info(tiny_config), tiny_config)
+  tiny_config.pp.train, tiny_config.pp.test = 'train[:90%]', 'train[90%:]'
+  info = _info(tiny_config)
+  assert (info.train_split, info.test_split) == ('train', 'test')
+  assert (info.num_train, info.num_test) == (20, 6)
+  assert _eval_images(info, tiny_config) == test_only
+  tiny_config.pp.test = 'validation'  # ImageNet's: no such subfolder
+  assert _info(tiny_config).num_test == 6
 
 
 def test_unknown_dataset(tiny_config):

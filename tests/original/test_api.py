@@ -23,6 +23,7 @@ import tensorflow_datasets as tfds
 
 from tests import helpers
 from vit_jax import checkpoint
+from vit_jax import input_pipeline
 from vit_jax import models
 from vit_jax import train
 from vit_jax import utils
@@ -225,15 +226,22 @@ def _augreg_index(directory):
 
 def _images_folder(root):
   """{train,test}/<class>/<n>.jpg: 10 classes (the same head as cifar10's,
-  so the compiled step is reused), 2 training and 1 test image each."""
-  for split, per_class in (('train', 2), ('test', 1)):
+  so the compiled step is reused), 2 training and 1 test image each. Each
+  image is one gray level, 20 * class + (0 or 1 in train/, 10 in test/)."""
+  for split, levels in (('train', (0, 1)), ('test', (10,))):
     for c in range(10):
       folder = root / split / f'c{c}'
       folder.mkdir(parents=True, exist_ok=True)
-      for i in range(per_class):
-        pixels = np.full((40, 40, 3), 20 * c + i, np.uint8)
+      for i, level in enumerate(levels):
+        pixels = np.full((40, 40, 3), 20 * c + level, np.uint8)
         (folder / f'{i}.jpg').write_bytes(tf.io.encode_jpeg(pixels).numpy())
   return str(root)
+
+
+def _levels(batch):
+  """The gray level (mod 20: which split) of each image of a batch."""
+  images = np.asarray(batch['image']).reshape(-1, *batch['image'].shape[-3:])
+  return np.round((images.mean(axis=(1, 2, 3)) + 1) * 127.5) % 20
 
 
 def test_vit_jax_augreg_notebook(default_data_dir, tmp_path, capsys):
@@ -266,8 +274,16 @@ def test_vit_jax_augreg_notebook(default_data_dir, tmp_path, capsys):
   assert f'Fine-tuning from {checkpoints / best}.npz' in out
   assert out.count('test accuracy') >= 3  # steps 1, 2, and the final line
 
+  # The notebook keeps the tfds split specs ('train[:90%]', 'train[90%:]')
+  # when it switches to a folder: the folder's train/ and test/ are read.
   config.dataset = _images_folder(tmp_path / 'flower_photos')
-  config.pp.train, config.pp.test = 'train', 'test'
+  ds_train, ds_test = input_pipeline.get_datasets(config)
+  tests = [next(iter(ds_test.as_numpy_iterator()))]
+  assert sum(len(b['label'].reshape(-1, 10)) for b in tests) == 8  # of 10
+  assert np.all(_levels(tests[0]) == 10)  # test/ only
+  trains = ds_train.take(2).as_numpy_iterator()  # 32: all 20 of train/, and more
+  levels = np.concatenate([_levels(b) for b in trains])
+  assert set(levels) == {0, 1}
   opt = train.train_and_evaluate(config, str(tmp_path / 'folder_run'))
   assert opt['head']['kernel'].shape[-1] == 10
   # The original's reader of one folder; its info.

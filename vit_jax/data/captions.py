@@ -61,7 +61,8 @@ def captioned_examples(config):
     ds = tf.data.Dataset.from_tensor_slices((paths, captions))
     return ds.map(lambda p, c: {'image': tf.io.read_file(p), 'caption': c})
   builder = pipeline.get_builder(config)
-  ds = pipeline.read_encoded(builder, config.pp.train)
+  ds = pipeline.read_encoded(
+      builder, pipeline.split_spec(builder, config.pp.train, 'train'))
   if lit.text_key:
     if lit.text_key not in builder.info.features:
       raise ValueError(f'{config.dataset!r} has no feature {lit.text_key!r}; '

@@ -49,7 +49,7 @@ class _Images:
 
   def __init__(self, info, config, first: int, skip):
     ds, _ = pipeline.shuffled_stream(
-        pipeline.read_encoded(info.builder, config.pp.train),
+        pipeline.read_encoded(info.builder, info.train_split),
         info.num_train, config, batch_size=1, start_step=first)
     self.stream, self.skip, self.kept = _decoded(info, config, ds), skip, {}
 
@@ -114,7 +114,7 @@ def eval_images(info, config):
   """(uint8 image, label) of every test example, in order (each process
   reads all: the evaluation batches are global)."""
   return _decoded(info, config, pipeline.read_encoded(
-      info.builder, config.pp.test))
+      info.builder, info.test_split))
 
 
 def fixed_side(image, label, side: int, patch: int, pp) -> dict:

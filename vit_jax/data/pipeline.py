@@ -15,6 +15,7 @@ import os
 import socket
 from typing import Iterator
 
+from absl import logging
 from etils import epath
 from etils import epy
 import filelock
@@ -39,6 +40,10 @@ class DatasetInfo:
   num_train: int
   num_test: int
   channels: int  # of the stored images: 1 (gray) or 3
+  # The splits read (`split_spec`): config.pp.train and pp.test, or a
+  # folder's train/ and test/.
+  train_split: str = 'train'
+  test_split: str = 'test'
 
 
 def _online(host: str = 'storage.googleapis.com', timeout: float = 3.):
@@ -104,6 +109,35 @@ def _preparation_lock(builder):
     yield
 
 
+FOLDER = 'folder:'  # the prefix of a split spec that cuts an image folder
+
+
+def split_spec(builder, spec: str, mode: str) -> str:
+  """The split that `spec` (config.pp.train or pp.test) reads in `mode`
+  ('train' or 'test').
+
+  A tfds dataset reads `spec`. An image folder reads its train/ or test/
+  subfolder, as the original release does whatever the split specs say: the
+  specs of a tfds dataset (its notebook's 'train[:90%]', 'train[90%:]' for
+  tf_flowers) must not carve up a folder that has its own test/. Two
+  exceptions: `spec` naming a subfolder ('train', 'val') reads it, and
+  'folder:SPEC' reads a tfds split spec over the subfolders
+  ('folder:train[:90%]', 'folder:train+test').
+  """
+  if not isinstance(builder, tfds.ImageFolder):
+    return spec
+  if spec.startswith(FOLDER):
+    return spec[len(FOLDER):]
+  if spec in builder.info.splits:
+    return spec
+  if spec != mode:
+    logging.warning("The dataset is a folder: %s reads its %s/, as the "
+                    "original release does; the split spec %r is for tfds "
+                    "datasets ('%s%s' would cut the folder).", mode, mode,
+                    spec, FOLDER, spec)
+  return mode
+
+
 def _num_examples(builder, split: str) -> int:
   """Examples in `split`, a tfds split spec such as 'train[:90%]'."""
   if isinstance(builder, tfds.ImageFolder):
@@ -126,8 +160,10 @@ def _folder_parts(builder, split: str):
 
 def dataset_info(builder, config) -> DatasetInfo:
   """Sizes, classes and channels of `config`'s train and test splits."""
+  splits = {mode: split_spec(builder, config.pp[mode], mode)
+            for mode in ('train', 'test')}
   num_examples = {}
-  for split in (config.pp.train, config.pp.test):
+  for split in splits.values():
     try:
       num_examples[split] = _num_examples(builder, split)
     except (KeyError, ValueError, AssertionError) as e:
@@ -136,9 +172,10 @@ def dataset_info(builder, config) -> DatasetInfo:
   return DatasetInfo(
       builder=builder,
       num_classes=task_labels.num_classes(config.pp.get('label'), builder),
-      num_train=num_examples[config.pp.train],
-      num_test=num_examples[config.pp.test],
-      channels=builder.info.features['image'].shape[-1] or 3)
+      num_train=num_examples[splits['train']],
+      num_test=num_examples[splits['test']],
+      channels=builder.info.features['image'].shape[-1] or 3,
+      train_split=splits['train'], test_split=splits['test'])
 
 
 def _to_float(image):
@@ -271,7 +308,7 @@ def shuffled_stream(base, n: int, config, *, batch_size: int,
   the examples' augmentations (fold in the position).
   """
   if n < batch_size:
-    raise ValueError(f'Split {config.pp.train!r} has {n} examples, fewer '
+    raise ValueError(f'The training split has {n} examples, fewer '
                      f'than the batch of {batch_size}.')
   first_epoch, offset = divmod(start_step * batch_size, n)
   shuffle_seed, augment_seed = _stream_seeds(config.seed)
@@ -317,7 +354,7 @@ def train_dataset(info: DatasetInfo, config, *, batch_size: int,
       classifier's augmented image and one-hot label (DINO: its views).
   """
   ds, augment_seed = shuffled_stream(
-      read_encoded(info.builder, config.pp.train), info.num_train, config,
+      read_encoded(info.builder, info.train_split), info.num_train, config,
       batch_size=batch_size, start_step=start_step, rows=rows)
   if example is None:
     example = lambda image, label, seed: {  # pylint: disable=g-long-lambda
@@ -349,10 +386,10 @@ def eval_example(features, *, info: DatasetInfo, pp):
 
 
 def label_counts(info: DatasetInfo, config):
-  """Examples per class in the test split `config.pp.test`, from its labels
+  """Examples per class in the test split (`info.test_split`), from its labels
   alone (no image decoded); None where labels are sets (ImageNet ReaL)."""
   name, blank = config.pp.get('label'), tf.zeros([1, 1, 1], tf.uint8)
-  labels = read_encoded(info.builder, config.pp.test).map(
+  labels = read_encoded(info.builder, info.test_split).map(
       lambda features: task_labels.apply(name, blank, features)[1],
       num_parallel_calls=tf.data.AUTOTUNE)
   if labels.element_spec.shape.rank != 0:
@@ -367,7 +404,7 @@ def label_counts(info: DatasetInfo, config):
 
 def eval_dataset(info: DatasetInfo, config) -> tf.data.Dataset:
   """This process's share of the test split, as `eval_example`s."""
-  return _read_process_share(info.builder, config.pp.test).map(
+  return _read_process_share(info.builder, info.test_split).map(
       functools.partial(eval_example, info=info, pp=config.pp),
       num_parallel_calls=tf.data.AUTOTUNE)
 
