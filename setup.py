@@ -21,6 +21,9 @@ REQUIRES = [
     'etils[epath,epy]>=1.5.0',
     'filelock>=3.0',
     'flax>=0.10.4',
+    # tensorflow-datasets imports it to prepare a dataset (4.9.10's
+    # dataset_builder.py) but asks for it on Python < 3.9 only.
+    'importlib_resources>=6.0',
     'jax>=0.6.0',
     'matplotlib>=3.5',  # vit_jax.analysis's figures
     'ml_collections>=0.1.1',
