@@ -17,32 +17,32 @@ here = pathlib.Path(__file__).parent
 REQUIRES = [
     'absl-py>=1.0.0',
     'chex>=0.1.86',
-    'clu>=0.0.10',
+    'clu>=0.0.11',
     'etils[epath,epy]>=1.5.0',
     'filelock>=3.0',
-    'flax>=0.10.4',
+    'flax>=0.10.0',
     # tensorflow-datasets imports it to prepare a dataset (4.9.10's
     # dataset_builder.py) but asks for it on Python < 3.9 only.
     'importlib_resources>=6.0',
-    'jax>=0.6.0',
-    'matplotlib>=3.5',  # vit_jax.analysis's figures
+    'jax>=0.5.3',
+    'matplotlib>=3.6.0',  # vit_jax.analysis's figures
     'ml_collections>=0.1.1',
     'ml_dtypes>=0.4.0',  # bfloat16 arrays in big_vision's .npz
     'numpy>=1.26',
-    'optax>=0.2.4',
-    'orbax-checkpoint>=0.11.0',
-    'pandas>=1.5',  # checkpoints.pretrained.augreg_index
-    'pillow>=9.0',
-    'scipy>=1.10',
+    'optax>=0.2.3',
+    'orbax-checkpoint>=0.11.1',
+    'pandas>=1.5.0',  # checkpoints.pretrained.augreg_index
+    'pillow>=9.2.0',
+    'scipy>=1.11.1',
     'sentencepiece>=0.1.99',
     # The input pipeline's. `tensorflow`, not `tensorflow-cpu`: the name
     # Colab and TensorFlow's images install, so that theirs is kept (two
     # distributions of one module overwrite each other's files); a fresh
     # environment gets a build that runs on any CPU. The package hides GPUs
     # from it (main.py): TensorFlow only reads data.
-    'tensorflow>=2.16',
+    'tensorflow>=2.17',
     'tensorflow-datasets>=4.9.4',
-    'tensorboard>=2.16',  # clu's summary writer (TensorFlow no longer brings it)
+    'tensorboard>=2.17',  # clu's summary writer (TensorFlow no longer brings it)
     'tokenizers>=0.19',
     'tqdm>=4.60',
 ]
@@ -69,9 +69,9 @@ setuptools.setup(
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
         'convert': ['safetensors>=0.4', 'torch>=2.1', 'huggingface_hub>=0.23'],
         # A TPU VM, and vit_jax.plan (libtpu compiles for TPU slices here).
-        'tpu': ['jax[tpu]>=0.6.0'],
+        'tpu': ['jax[tpu]>=0.5.3'],
         # NVIDIA GPUs: jax's CUDA 12 wheels (CUDA and cuDNN from pip).
-        'gpu': ['jax[cuda12]>=0.6.0'],
+        'gpu': ['jax[cuda12]>=0.5.3'],
         # benchmarks/speed.py's side-by-side run (torch and timm on the CPU).
         'bench': ['torch>=2.1', 'torchvision>=0.16', 'timm>=1.0'],
     },

@@ -26,6 +26,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+try:
+  from jax import shard_map  # jax >= 0.6.1
+except ImportError:  # jax 0.5.3 - 0.6.0
+  from jax.experimental.shard_map import shard_map
+
 
 CLASSIFICATION = ('softmax_xent', 'sigmoid_xent')
 
@@ -85,9 +90,9 @@ def sigmoid_loss_chunked(zimg, ztxt, t, b, *, mesh, axis='data'):
 
   spec = jax.sharding.PartitionSpec(axis)
   replicated = jax.sharding.PartitionSpec()
-  return jax.shard_map(local, mesh=mesh, out_specs=replicated,
-                       in_specs=(spec, spec, replicated, replicated))(
-                           zimg, ztxt, t, b)
+  return shard_map(local, mesh=mesh, out_specs=replicated,
+                   in_specs=(spec, spec, replicated, replicated))(
+                       zimg, ztxt, t, b)
 
 
 CONTRASTIVE = {'softmax': softmax_loss, 'sigmoid': sigmoid_loss}

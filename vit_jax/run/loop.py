@@ -40,7 +40,9 @@ from vit_jax.run import optim
 from vit_jax.run import run_record
 
 TrainState = train_state.TrainState
-_POLICIES = ocp.checkpoint_managers
+# Its module, not checkpoint_managers: that re-exports the preemption policy
+# only from orbax 0.11.26, which needs jax 0.6.
+_POLICIES = ocp.checkpoint_managers.save_decision_policy
 
 
 def make_manager(config, workdir, max_to_keep=None):
