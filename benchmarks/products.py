@@ -131,7 +131,7 @@ def alone(lhs_shape, rhs_shape, dims, flops):
 
 def main(argv):
   del argv
-  runner = speed.JaxRunner(FLAGS.model)
+  runner = speed.jax_runner(FLAGS.model)
   runner.train(1)
   found = products(runner.step.as_text())
   fusions = {m.group(1) for m in re.finditer(

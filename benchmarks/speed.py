@@ -44,16 +44,14 @@ except ImportError:
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from flax.training import train_state
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from vit_jax import models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import op_profile  # pylint: disable=g-import-not-at-top,wrong-import-position
+import vit_step  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 flags.DEFINE_list('models', ['ViT-Ti_16', 'ViT-S_16', 'ViT-B_16'], 'Presets.')
 flags.DEFINE_integer('size', 224, 'Image side.')
@@ -72,24 +70,11 @@ flags.DEFINE_string('child', None, 'Internal: `jax:MODEL` or `timm:MODEL`, '
                     'run training steps and print the peak RSS.')
 FLAGS = flags.FLAGS
 
-NUM_CLASSES = 1000
 TIMM_NAMES = {'ViT-Ti_16': 'vit_tiny_patch16_224',
               'ViT-S_16': 'vit_small_patch16_224',
               'ViT-B_16': 'vit_base_patch16_224',
               'ViT-B_32': 'vit_base_patch32_224',
               'ViT-L_16': 'vit_large_patch16_224'}
-
-
-def analytic_flops(name: str, size: int) -> float:
-  """Forward FLOPs per image of a plain ViT: matmuls only (2 per MAC)."""
-  config = models.MODEL_CONFIGS[name]
-  d, t = config.hidden_size, config.transformer
-  patch = config.patches.size[0]
-  patches = (size // patch)**2
-  n = patches + 1  # the class token
-  per_layer = 4 * n * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim
-  return 2. * (patches * patch * patch * 3 * d + t.num_layers * per_layer +
-               d * NUM_CLASSES)
 
 
 def row_flops(name: str, size: int) -> dict:
@@ -101,26 +86,12 @@ def row_flops(name: str, size: int) -> dict:
   patch = config.patches.size[0]
   n = (size // patch)**2 + 1
   attention = 2. * 2 * n * n * d * layers * FLAGS.batch  # q k^T, w v
-  products = analytic_flops(name, size) * FLAGS.batch - attention
+  products = vit_step.analytic_flops(name, size) * FLAGS.batch - attention
   embedding = 2. * (n - 1) * patch * patch * 3 * d * FLAGS.batch
   return {'products, forward': products,
           'products, input gradient': products - embedding,
           'products, weight gradient': products,
           'attention core': 3 * attention}  # forward, 2x backward
-
-
-def train_step(state, batch):
-  """A training step as tasks/classification.py's: dropout on, softmax
-  cross-entropy."""
-  rng = jax.random.fold_in(jax.random.key(0), state.step)
-
-  def loss_fn(params):
-    logits = state.apply_fn({'params': params}, batch['image'], train=True,
-                            rngs={'dropout': rng})
-    return optax.softmax_cross_entropy(logits, batch['label']).mean()
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  return state.apply_gradients(grads=grads), {'loss': loss}
 
 
 def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
@@ -139,47 +110,11 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
   return 2 * n**3 / best
 
 
-class JaxRunner:
-  """vit_jax's model: a jitted SGD step (state donated) and forward pass."""
-
-  def __init__(self, name):
-    transformer = dict(models.MODEL_CONFIGS[name].transformer,
-                       remat_policy=FLAGS.remat_policy, scan=FLAGS.scan)
-    self.model = models.get_model(name, num_classes=NUM_CLASSES,
-                                  dtype=FLAGS.dtype, transformer=transformer)
-    shape = (FLAGS.batch, FLAGS.size, FLAGS.size, 3)
-    rng = np.random.default_rng(0)
-    self.images = jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32)
-    self.labels = jax.nn.one_hot(rng.integers(0, NUM_CLASSES, FLAGS.batch),
-                                 NUM_CLASSES)
-    params = jax.jit(lambda x: self.model.init(
-        jax.random.key(0), x[:1], train=False)['params'])(self.images)
-    self.state = train_state.TrainState.create(
-        apply_fn=self.model.apply, params=params,
-        tx=optax.sgd(0.01, momentum=0.9))
-    step = jax.jit(train_step, donate_argnums=0)
-    forward = jax.jit(lambda p, x: self.model.apply({'params': p}, x,
-                                                    train=False))
-    batch = {'image': self.images, 'label': self.labels}
-    start = time.perf_counter()
-    self.step = step.lower(self.state, batch).compile()
-    self.forward = forward.lower(params, self.images).compile()
-    self.compile_s = time.perf_counter() - start
-    self.batch = batch
-    # XLA counts a scanned loop's body once: no whole-model figure then.
-    self.flops = {} if FLAGS.scan else {
-        'train': self.step.cost_analysis()['flops'] / FLAGS.batch,
-        'infer': self.forward.cost_analysis()['flops'] / FLAGS.batch}
-
-  def train(self, steps):
-    for _ in range(steps):
-      self.state, metrics = self.step(self.state, self.batch)
-    jax.block_until_ready(metrics)
-
-  def infer(self, steps):
-    for _ in range(steps):
-      out = self.forward(self.state.params, self.images)
-    jax.block_until_ready(out)
+def jax_runner(name):
+  """vit_jax's runner (`vit_step.JaxRunner`) under this run's flags."""
+  return vit_step.JaxRunner(name, batch=FLAGS.batch, size=FLAGS.size,
+                            dtype=FLAGS.dtype,
+                            remat_policy=FLAGS.remat_policy, scan=FLAGS.scan)
 
 
 class TimmRunner:
@@ -188,12 +123,13 @@ class TimmRunner:
   def __init__(self, name):
     torch.set_num_threads(os.cpu_count())
     self.model = timm.create_model(TIMM_NAMES[name], pretrained=False,
-                                   num_classes=NUM_CLASSES)
+                                   num_classes=vit_step.NUM_CLASSES)
     rng = np.random.default_rng(0)
     shape = (FLAGS.batch, 3, FLAGS.size, FLAGS.size)
     self.images = torch.from_numpy(rng.uniform(-1, 1, shape).astype(
         np.float32))
-    self.labels = torch.from_numpy(rng.integers(0, NUM_CLASSES, FLAGS.batch))
+    self.labels = torch.from_numpy(
+        rng.integers(0, vit_step.NUM_CLASSES, FLAGS.batch))
     self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01,
                                      momentum=0.9)
     self.compile_s = 0.
@@ -222,10 +158,7 @@ def _timm_available():
 
 
 def _img_s(runner, what):
-  getattr(runner, what)(1)  # warm up
-  start = time.perf_counter()
-  getattr(runner, what)(FLAGS.steps)
-  return FLAGS.steps * FLAGS.batch / (time.perf_counter() - start)
+  return vit_step.img_s(runner, what, FLAGS.steps, FLAGS.batch)
 
 
 def _rss_gb(field):
@@ -257,7 +190,7 @@ def _child(spec):
   """
   framework, name = spec.split(':')
   imports = _rss_gb('VmRSS')
-  runner = (JaxRunner if framework == 'jax' else TimmRunner)(name)
+  runner = (jax_runner if framework == 'jax' else TimmRunner)(name)
   runner.train(1)
   with open('/proc/self/clear_refs', 'w') as f:
     f.write('5')  # resets VmHWM to the current RSS
@@ -283,7 +216,7 @@ def _profile(name, jax_runner, with_timm):
 
 def _measure(name, with_timm):
   """Best img/s over alternating rounds, per framework and task."""
-  runners = {'vit_jax': JaxRunner(name)}
+  runners = {'vit_jax': jax_runner(name)}
   if with_timm:
     runners['timm'] = TimmRunner(name)
   best = {(f, w): 0. for f in runners for w in ('train', 'infer')}
@@ -312,7 +245,7 @@ def main(argv):
   profiles = {}
   for name in FLAGS.models:
     jax_runner, best = _measure(name, with_timm)
-    forward = analytic_flops(name, FLAGS.size)
+    forward = vit_step.analytic_flops(name, FLAGS.size)
     memory = {f: peak_memory_gb(f, name) if FLAGS.memory else float('nan')
               for f in (['jax', 'timm'] if with_timm else ['jax'])}
     if FLAGS.profile:

@@ -7,11 +7,13 @@ then trained (`train_and_evaluate`) or evaluated (`evaluate`).
 'fewshot' and 'zeroshot' run only that type of evaluator).
 """
 
+from absl import logging
 import jax
 
 from vit_jax import cli
 from vit_jax.analysis import figures
 from vit_jax.platform import sharding
+from vit_jax.platform import target
 from vit_jax.run import checks
 from vit_jax.run import loop
 from vit_jax.run import run_record
@@ -47,6 +49,19 @@ def check(config, mesh=None):
   return mesh
 
 
+def _settled_dtype(config, mesh, training):
+  """`config` with `model.dtype='auto'` made the dtype that the mesh's
+  devices run fastest (`target.compute_dtype`), once, before any trace."""
+  if (config.get('model') or {}).get('dtype') != 'auto':
+    return config
+  config = config.copy_and_resolve_references()
+  config.model.dtype = target.compute_dtype(mesh, training)
+  logging.info('config.model.dtype=auto: %s on %s, for %s.',
+               config.model.dtype, mesh.devices.flat[0].device_kind,
+               'training' if training else 'inference')
+  return config
+
+
 def make_task(config, workdir, *, training=True, mesh=None, info=None,
               checked=False):
   """The task of `config`, checked (unless `checked`: by `check`, on
@@ -54,10 +69,12 @@ def make_task(config, workdir, *, training=True, mesh=None, info=None,
 
   `mesh`: default, every device of the run (`config.mesh`); `info`: the
   dataset's `pipeline.DatasetInfo`, default read from the dataset
-  (`vit_jax.plan` gives one, and reads no data).
+  (`vit_jax.plan` gives one, and reads no data). `model.dtype='auto'` is
+  settled for the mesh's devices, for `training` or inference.
   """
   if not checked:
     mesh = check(config, mesh)
+  config = _settled_dtype(config, mesh, training)
   cls = _task_class(config)
   if info is None:
     return cls.create(config, workdir, mesh, training=training)
@@ -84,8 +101,8 @@ def train_and_evaluate(config, workdir, *, allow_config_change=False,
     if config.trainer in EVALUATIONS:
       return evaluate(config, workdir, mesh=mesh)
     if _task_class(config).standalone:  # timing the forward pass
-      return make_task(config, workdir, mesh=mesh, checked=checked).run(
-          workdir)
+      return make_task(config, workdir, training=False, mesh=mesh,
+                       checked=checked).run(workdir)
     run_record.check_config(config, workdir, allow_change=allow_config_change)
     params = loop.run(make_task(config, workdir, mesh=mesh, checked=checked),
                       config, workdir)

@@ -21,6 +21,7 @@ from vit_jax.models import posemb
 from vit_jax.models import posemb_resize
 from vit_jax.models import registry
 from vit_jax.models import vit as models_vit
+from vit_jax.platform import target
 
 Params = Dict[str, Any]
 
@@ -64,7 +65,8 @@ def load_model(model_config, path, size=None, *, model=None,
                abstract_params=None):
   """(model, params, image side) of the checkpoint at `path`: the image
   model of `model_config` with the file's head and `pre_logits`, at `size`
-  (default: the side its position table implies).
+  (default: the side its position table implies); `dtype='auto'` is this
+  process's devices' for inference (`target.compute_dtype`).
 
   A task whose model takes other inputs (LiT's images and tokens, NaViT's
   packed sequences) gives its `model` and `abstract_params`: the file must
@@ -77,6 +79,8 @@ def load_model(model_config, path, size=None, *, model=None,
                               resize_posemb=False), size
   found = files.read_params(path)
   config = model_config_for(found, model_config)
+  if config.get('dtype') == 'auto':
+    config['dtype'] = target.compute_dtype(training=False)
   size = size or image_size(found, config)
   cls = registry.model_class(config.get('model_name') or '', model_config)
   model = cls(**{k: v for k, v in config.items()

@@ -1,6 +1,7 @@
 """Dot-product attention: the CPU's (lean backward passes) and the
-accelerators' (query scaled first, softmax in the compute dtype, cuDNN's
-flash kernel on GPUs where it applies)."""
+accelerators' (query scaled first, softmax in the compute dtype), or
+cuDNN's flash kernel on the GPUs, dtypes and head dims it takes
+(`target.attention_implementation`)."""
 
 import functools
 from typing import Any
@@ -21,13 +22,14 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
               rope=None, rope_half=False):
   """Flax's `attention_fn` on `jax.nn.dot_product_attention`.
 
-  XLA fuses it, and on NVIDIA GPUs in half precision without a mask cuDNN's
-  flash kernel runs it; logits and softmax are float32 either way. Flax's
-  own function serves what the fused one lacks: dropout on the attention
-  weights, and recording them (flax passes `module` when the weights are
-  sown). `bias_fn(scaled query)`, if given, adds a bias to the logits;
-  `rope`, (batch, tokens, depth / 2) angles, rotates queries and keys
-  (`apply_rope`; pairs half a head apart with `rope_half`) first. `mask`:
+  XLA fuses it, or cuDNN's flash kernel runs it where
+  `target.attention_implementation` says so (NVIDIA GPUs of compute
+  capability 8.0 on, half precision, no mask or bias, head dims cuDNN
+  takes). Flax's own function serves what the fused one lacks: dropout on
+  the attention weights, and recording them (flax passes `module` when the
+  weights are sown). `bias_fn(scaled query)`, if given, adds a bias to the
+  logits; `rope`, (batch, tokens, depth / 2) angles, rotates queries and
+  keys (`apply_rope`; pairs half a head apart with `rope_half`) first. `mask`:
   True where a query may attend to a key.
   """
   if rope is not None:
@@ -40,10 +42,13 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
         dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
         deterministic=deterministic, dtype=dtype, precision=precision,
         module=module, force_fp32_for_softmax=True)
-  if target.platform() == 'cpu':
+  # A half dtype only if all three share it, as cuDNN needs.
+  common = jnp.result_type(query, key, value)
+  implementation = target.attention_implementation(
+      common, query.shape[-1], bias is not None or mask is not None)
+  if implementation == 'heads_first':
     return _heads_first_attention(query, key, value, bias, mask)
-  if (target.platform() == 'gpu' and bias is None and mask is None
-      and query.dtype in (jnp.bfloat16, jnp.float16)):
+  if implementation == 'cudnn':
     return jax.nn.dot_product_attention(query, key, value,
                                         implementation='cudnn')
   return _accelerator_attention(query, key, value, bias, mask)

@@ -22,6 +22,7 @@ import ml_collections
 
 from vit_jax import cli
 from vit_jax.models import lit
+from vit_jax.platform import target
 
 # Pixel mean and std (of pixels in [0, 1]) that weights expect: Google's
 # checkpoints take [-1, 1]; timm's ImageNet's statistics. The models never
@@ -143,8 +144,11 @@ def model_class(name: str, model_config=None):
 
 
 def get_model(name: str, **kw) -> nn.Module:
-  """The model of preset `name`; `kw` overrides its config."""
+  """The model of preset `name`; `kw` overrides its config. `dtype='auto'`
+  is this process's devices' for training (`target.compute_dtype`)."""
   config = dict(MODEL_CONFIGS[name].to_dict(), **kw)
+  if config.get('dtype') == 'auto':
+    config['dtype'] = target.compute_dtype()
   return model_class(name)(**config)
 
 

@@ -1,0 +1,99 @@
+"""`target.attention_implementation`: cuDNN's flash attention only on the
+GPUs, dtypes and head dims it takes (devices faked), and `attention()`
+following it."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax.models import attention
+from vit_jax.platform import target
+
+
+def gpu(capability=None, kind='NVIDIA GPU'):
+  """A faked CUDA device; without `capability`, one that has none."""
+  device = types.SimpleNamespace(platform='gpu', device_kind=kind)
+  if capability is not None:
+    device.compute_capability = capability
+  return device
+
+
+T4, A100, H100 = gpu('7.5', 'Tesla T4'), gpu('8.0'), gpu('9.0')
+
+# (devices, dtype, head dim, bias or mask, implementation)
+CASES = {
+    'T4 fp16': (T4, 'float16', 64, False, 'xla'),
+    'A100 bf16': (A100, 'bfloat16', 64, False, 'cudnn'),
+    'A100 fp16': (A100, 'float16', 64, False, 'cudnn'),
+    'H100 bf16': (H100, 'bfloat16', 64, False, 'cudnn'),
+    'A100 head 256': (A100, 'bfloat16', 256, False, 'xla'),
+    'H100 head 256': (H100, 'bfloat16', 256, False, 'cudnn'),
+    'H100 head 264': (H100, 'bfloat16', 264, False, 'xla'),
+    'head 60, not a multiple of 8': (H100, 'bfloat16', 60, False, 'xla'),
+    'float32': (H100, 'float32', 64, False, 'xla'),
+    'mask or bias': (H100, 'bfloat16', 64, True, 'xla'),
+    'no capability': (gpu(), 'bfloat16', 64, False, 'xla'),
+    'ROCm': (gpu('gfx90a'), 'bfloat16', 64, False, 'xla'),
+    '10.3, cuDNN unknown': (gpu('10.3'), 'bfloat16', 64, False, 'xla'),
+    'GPU by name, CPU host': ('gpu', 'bfloat16', 64, False, 'xla'),
+    'CPU': ('cpu', 'bfloat16', 64, False, 'heads_first'),
+    'CPU masked': ('cpu', 'float32', 64, True, 'heads_first'),
+    'TPU': ('tpu', 'bfloat16', 64, False, 'xla'),
+    'TPU masked': ('tpu', 'bfloat16', 64, True, 'xla'),
+}
+
+
+@pytest.mark.parametrize('case', CASES.values(), ids=CASES.keys())
+def test_implementation(case):
+  devices, dtype, head_dim, masked, expected = case
+  with target.compiling_for(devices if isinstance(devices, str)
+                            else [devices]):
+    assert target.attention_implementation(
+        jnp.dtype(dtype), head_dim, masked) == expected
+
+
+def test_gpu_by_name_takes_this_hosts_capability(monkeypatch):
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  monkeypatch.setattr(jax, 'devices', lambda *a: [H100])
+  assert target.capability() == (9, 0)
+  with target.compiling_for('gpu'):
+    assert target.attention_implementation(jnp.bfloat16, 64, False) == 'cudnn'
+  with target.compiling_for([T4]):  # the target, not this host
+    assert target.capability() == (7, 5)
+
+
+def _reference(q, k, v):
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  logits = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum('bhqk,bkhd->bqhd', weights, v)
+
+
+@pytest.mark.parametrize('device,dtype,cudnn,atol', [
+    (T4, jnp.float16, False, 2e-3), (A100, jnp.bfloat16, True, 3e-2)],
+                         ids=['T4', 'A100'])
+def test_attention_follows_the_choice(monkeypatch, device, dtype, cudnn,
+                                      atol):
+  """fp16 attention traced for a T4 never asks for cuDNN and still computes
+  softmax(q k^T / sqrt(d)) v; for an A100 it does ask (XLA runs it here:
+  the CPU has no fp16 products into float32, so that one is bf16)."""
+  calls = []
+  plain = jax.nn.dot_product_attention
+
+  def recorded(*args, implementation=None, **kwargs):
+    calls.append(implementation)
+    return plain(*args, implementation='xla', **kwargs)
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', recorded)
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 5, 2, 16), dtype)
+             for i in range(3))
+  with target.compiling_for([device]):  # a new function: traced anew
+    out = jax.jit(lambda *x: attention.attention(*x))(q, k, v)
+  assert calls == (['cudnn'] if cudnn else [])
+  assert out.dtype == dtype
+  np.testing.assert_allclose(np.asarray(out, np.float32),
+                             _reference(q, k, v), atol=atol)
