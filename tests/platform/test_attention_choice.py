@@ -97,3 +97,19 @@ def test_attention_follows_the_choice(monkeypatch, device, dtype, cudnn,
   assert out.dtype == dtype
   np.testing.assert_allclose(np.asarray(out, np.float32),
                              _reference(q, k, v), atol=atol)
+
+
+def test_float16_logits_beyond_its_range():
+  """XLA's attention in float16 (a T4's) keeps logits past 65504 finite:
+  the softmax of numpy's float64 logits."""
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.normal(0, 1, (1, 8, 2, 64)) for _ in range(3))
+  q, k = 250 * q, 250 * k  # logits up to ~1e5
+  logits = np.einsum('bqhd,bkhd->bhqk', q / 8, k)
+  assert np.abs(logits).max() > 65504
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  expected = np.einsum('bhqk,bkhd->bqhd',
+                       weights / weights.sum(-1, keepdims=True), v)
+  got = attention._accelerator_attention(
+      *(jnp.asarray(x, jnp.float16) for x in (q, k, v)))
+  np.testing.assert_allclose(np.asarray(got, np.float64), expected, atol=1e-2)

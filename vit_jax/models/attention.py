@@ -60,9 +60,12 @@ def _accelerator_attention(query, key, value, bias=None, mask=None):
   float32 by the TPU's matrix unit). `jax.nn.dot_product_attention`'s
   float32 logits and softmax cost a bf16 ViT-B/16 step on a TPU 1.4x the
   temporaries and 1.1x the HBM bytes of big_vision's (docs/performance.md).
+  float16 (a T4's) keeps its logits in float32: its range ends at 65504.
   """
   query = query / np.sqrt(query.shape[-1]).astype(query.dtype)
-  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  wide = jnp.float32 if query.dtype == jnp.float16 else None
+  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key,
+                      preferred_element_type=wide)
   if bias is not None:
     logits = logits + bias.astype(logits.dtype)
   if mask is not None:  # finite: a query with no key gets uniform weights
