@@ -2,6 +2,7 @@ r"""One command for a lent GPU: ViT-B/16 training and inference img/s, MFU
 and peak memory, appended as a dated row to docs/performance.md.
 
   python benchmarks/gpu.py
+  benchmarks/gpu.sh       # the same, on an image without ml_collections
 
 bf16 at 224 px, batch 256; after compiling both steps, `--rounds` rounds of
 `--steps` steps each, the best round counted: sized for about 3 minutes on

@@ -5,6 +5,8 @@ The notebook is not in this repository: give its path (from a checkout of
 google-research/vision_transformer) to run this test. It needs what Colab
 has and the package does not: pandas 2 (the notebook's `dropna(1, 'all')`),
 seaborn, and torch with timm (its cells load a checkpoint into timm).
+Two cells fail on any pandas from 2.0, as they do in Colab: the notebook's
+`dropna(1, 'all')` passes arguments that pandas 2 takes by keyword only.
 
   VIT_JAX_AUGREG_NOTEBOOK=/path/to/vit_jax_augreg.ipynb \
       pytest tests/original/test_augreg_notebook.py
@@ -183,11 +185,18 @@ def test_every_cell_runs(tmp_path, monkeypatch):
   nb = _offline(nbformat.read(NOTEBOOK, as_version=4), str(local))
   monkeypatch.setenv('TFDS_DATA_DIR', str(data_dir))
   nbclient.NotebookClient(nb, timeout=1800, kernel_name='python3',
+                          allow_errors=True,
                           resources={'metadata': {'path': str(work)}}
                           ).execute()
   cells = [c for c in nb.cells if c.cell_type == 'code']
-  assert not [o for c in cells for o in c.outputs
-              if o.output_type == 'error']
+  errors = [(c.source, o) for c in cells for o in c.outputs
+            if o.output_type == 'error']
+  # The notebook's own pandas: `dropna(1, 'all')` is refused by pandas 2.0
+  # and later (keyword-only), Colab's included; nothing of this package's.
+  assert len(errors) == 2 and all(
+      ".dropna(1, 'all')" in source and o.ename == 'TypeError'
+      and 'dropna() takes 1 positional argument' in o.evalue
+      for source, o in errors), [o.evalue for _, o in errors]
   # The folder run read test/ (130 images: one batch of 120), not 10% of
   # train/ (117: no batch at all).
   assert cells[-1].outputs[0].text.strip() == 'read 120 of 130 test images'
