@@ -199,4 +199,6 @@ def test_every_cell_runs(tmp_path, monkeypatch):
       for source, o in errors), [o.evalue for _, o in errors]
   # The folder run read test/ (130 images: one batch of 120), not 10% of
   # train/ (117: no batch at all).
-  assert cells[-1].outputs[0].text.strip() == 'read 120 of 130 test images'
+  printed = ''.join(o.text for o in cells[-1].outputs
+                    if o.output_type == 'stream' and o.name == 'stdout')
+  assert printed.strip() == 'read 120 of 130 test images'
