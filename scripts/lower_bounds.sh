@@ -22,33 +22,27 @@ start=$SECONDS
 
 # `name==version` for each of REQUIRES' and safetensors' lower bounds, then
 # TRANSITIVE, then the arguments; a later line for a name replaces an earlier
-# one. setup.py calls setuptools.setup on import, so it is parsed, not
-# imported.
-python3.11 - "$repo/setup.py" "$@" > "$tmp/constraints.txt" <<'EOF'
-import ast
+# one (setup.py read by scripts/declared_requirements.py).
+python3.11 - "$repo" "$@" > "$tmp/constraints.txt" <<'EOF'
 import re
 import sys
+
+sys.path.insert(0, f'{sys.argv[1]}/scripts')
+import declared_requirements  # pylint: disable=g-import-not-at-top
 
 # Transitive pins the lower set needs, each for an upstream's wrong metadata:
 # tensorflow-metadata 1.21 declares protobuf>=4.25.2, but its generated code
 # needs protobuf>=6.31, which TensorFlow<=2.19 refuses.
 TRANSITIVE = ['tensorflow-metadata<1.21']
 
-tree = ast.parse(open(sys.argv[1]).read())
-values = {}
-for node in ast.walk(tree):
-  if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', '') == 'REQUIRES':
-    values['requires'] = ast.literal_eval(node.value)
-  if isinstance(node, ast.keyword) and node.arg == 'extras_require':
-    values['extras'] = ast.literal_eval(node.value)
-convert = [r for r in values['extras']['convert'] if r.startswith('safetensors')]
+requires, extras = declared_requirements.declared()
+convert = [r for r in extras['convert'] if r.startswith('safetensors')]
 pins = {}
-for i, requirement in enumerate(values['requires'] + convert + TRANSITIVE
+for i, requirement in enumerate(requires + convert + TRANSITIVE
                                 + sys.argv[2:]):
   match = re.fullmatch(r'([A-Za-z0-9_.-]+)(\[.*\])?(==|>=|<=|<|>|~=)([^,;\s]+)',
                        requirement)
-  if not match or (i < len(values['requires']) + len(convert)
-                   and match[3] != '>='):
+  if not match or (i < len(requires) + len(convert) and match[3] != '>='):
     sys.exit(f'No lower bound in {requirement!r}')
   name = re.sub(r'[-_.]+', '-', match[1]).lower()
   pins[name] = '==' if match[3] == '>=' else match[3], match[4]

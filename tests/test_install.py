@@ -1,7 +1,6 @@
 """Installing into environments that have their own jax, TensorFlow, pandas:
 setup.py's ranges, the lock, and scripts/pip_keep.py."""
 
-import ast
 import importlib.util
 import pathlib
 import types
@@ -12,16 +11,17 @@ from packaging.utils import canonicalize_name
 ROOT = pathlib.Path(__file__).parent.parent
 
 
+def _script(name):
+  """scripts/{name}.py as a module."""
+  spec = importlib.util.spec_from_file_location(
+      name, ROOT / 'scripts' / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def _setup_requirements():
-  """(install_requires, extras_require) as setup.py writes them."""
-  tree = ast.parse((ROOT / 'setup.py').read_text())
-  requires = extras = None
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Assign) and node.targets[0].id == 'REQUIRES':
-      requires = ast.literal_eval(node.value)
-    if isinstance(node, ast.keyword) and node.arg == 'extras_require':
-      extras = ast.literal_eval(node.value)
-  return requires, extras
+  return _script('declared_requirements').declared()
 
 
 def _lock():
@@ -57,20 +57,12 @@ def test_the_lock_is_in_the_ranges():
   assert 'tensorflow-cpu' not in lock and 'torch' not in lock
 
 
-def _pip_keep():
-  spec = importlib.util.spec_from_file_location(
-      'pip_keep', ROOT / 'scripts' / 'pip_keep.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def _distribution(name, version):
   return types.SimpleNamespace(metadata={'Name': name}, version=version)
 
 
 def test_pip_keep_pins_the_runtime_stack():
-  pip_keep = _pip_keep()
+  pip_keep = _script('pip_keep')
   installed = [_distribution(*d) for d in (
       ('jax', '0.7.2'), ('jaxlib', '0.7.2'), ('jax_cuda12_plugin', '0.7.2'),
       ('jax-cuda12-pjrt', '0.7.2'), ('tensorflow', '2.19.0'),
@@ -84,7 +76,7 @@ def test_pip_keep_pins_the_runtime_stack():
 
 
 def test_pip_keep_refuses_a_second_tensorflow():
-  pip_keep = _pip_keep()
+  pip_keep = _script('pip_keep')
   pins = pip_keep.kept([_distribution('tensorflow_cpu', '2.21.0')])
   error = pip_keep.tensorflow_conflict(pins)
   assert error.startswith('Error: tensorflow-cpu is installed')
