@@ -237,14 +237,17 @@ def test_image_folder_sub_splits(tmp_path, tiny_config):
     _info(tiny_config)
 
 
-def test_image_folder_ignores_tfds_specs(tmp_path, tiny_config):
+def test_image_folder_ignores_tfds_specs(tmp_path, tiny_config, caplog):
   """A folder's train/ and test/ are read whatever a tfds dataset's specs
   say, as the original release reads them: 'train[90%:]' does not turn 10%
-  of the training images into the test split."""
+  of the training images into the test split; a warning says so."""
   tiny_config.dataset = _image_folder(tmp_path, 10)
   test_only = _eval_images(_info(tiny_config), tiny_config)
+  assert 'is for tfds datasets' not in caplog.text
   tiny_config.pp.train, tiny_config.pp.test = 'train[:90%]', 'train[90%:]'
   info = _info(tiny_config)
+  assert "test reads its test/" in caplog.text
+  assert "'folder:train[90%:]' would cut the folder" in caplog.text
   assert (info.train_split, info.test_split) == ('train', 'test')
   assert (info.num_train, info.num_test) == (20, 6)
   assert _eval_images(info, tiny_config) == test_only
