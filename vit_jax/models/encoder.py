@@ -63,7 +63,8 @@ class Encoder1DBlock(nn.Module):
     layer_norm_eps: of the LayerNorms (1e-6; CLIP's and DINOv3's 1e-5).
     quick_gelu, mlp_norm: the MLP's QuickGELU, and its `inner_norm`.
     rope_half: RoPE rotates pairs half a head apart (DINOv3).
-    scanned: return (output, None), as the body of `nn.scan`.
+    scanned: return (output, None), as the body of `nn.scan`; (output,
+      output) with `scan_outputs`, so that the scan stacks every block's.
   """
   mlp_dim: int
   num_heads: int
@@ -81,6 +82,7 @@ class Encoder1DBlock(nn.Module):
   rope_half: bool = False
   dtype: Any = jnp.float32
   scanned: bool = False
+  scan_outputs: bool = False
 
   @nn.compact
   def __call__(self, inputs, deterministic, grid=None, mask=None, rope=None):
@@ -117,7 +119,9 @@ class Encoder1DBlock(nn.Module):
                  dtype=self.dtype)(y, deterministic=deterministic)
     y = self._scale(y, 'ls2')
     y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
-    return (x + y, None) if self.scanned else x + y
+    if not self.scanned:
+      return x + y
+    return x + y, (x + y if self.scan_outputs else None)
 
   def _attention(self, x, deterministic, mask, options):
     """Self-attention of `x`: flax's module, or `SelfAttention` (same
@@ -204,13 +208,20 @@ class Encoder(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, train, grid=None, keep=None, mask=None):
+  def __call__(self, x, *, train, grid=None, keep=None, mask=None,
+               take=None, depth=None, norm_taken=False):
     """Encodes (batch, tokens, D); `grid` is the (h, w) of the patch tokens,
     which come after any prefix (class, register) tokens; 2-D schemes need
     it. `keep`, (batch, k) ints into the row-major patches: after the
     position embedding only those patches, in that order, go on (MAE).
     `mask`, as `Encoder1DBlock`'s, is applied in every block (a text
-    tower's causal attention)."""
+    tower's causal attention).
+
+    With `take`, block indices (`intermediates.take_indices`): returns
+    (output, [the outputs of those blocks]), each through the final norm
+    with `norm_taken`; only the first `depth` blocks run (default all),
+    and the output is the last one's, through the final norm if it is the
+    encoder's."""
     posemb = self._check_inputs(x, grid, keep)
     rope = None
     if posemb == 'rope2d' or self.rope:
@@ -227,10 +238,15 @@ class Encoder(nn.Module):
       x = norm(name='norm_pre')(x)
 
     relative = self.relative_max_distance if posemb == 'relative' else None
-    x = self._blocks(x, not train, grid, relative, mask=mask, rope=rope)
-    if not self.final_norm:
-      return x
-    return norm(name='encoder_norm')(x)
+    final = norm(name='encoder_norm') if self.final_norm else lambda y: y
+    x, taken = self._blocks(x, not train, grid, relative, mask=mask,
+                            rope=rope, take=take or (), depth=depth)
+    if take is None:
+      return final(x)
+    depth = self.num_layers if depth is None else depth
+    if norm_taken:
+      taken = [final(y) for y in taken]
+    return (final(x) if depth == self.num_layers else x), taken
 
   def _check_inputs(self, x, grid, keep):
     """The effective posemb, once `grid` and `keep` are known to fit it."""
@@ -310,9 +326,36 @@ class Encoder(nn.Module):
     return keep_patches(angles, keep, prefix)
 
   def _blocks(self, x, deterministic, grid, relative_max_distance, mask=None,
-              rope=None):
-    """The encoder blocks: unrolled or scanned, with remat if asked;
-    `mask` and `rope` as `Encoder1DBlock`'s."""
+              rope=None, take=(), depth=None):
+    """The first `depth` blocks (default all), unrolled or scanned, with
+    remat if asked: (output, [outputs of the blocks `take`]); `mask` and
+    `rope` as `Encoder1DBlock`'s. Scanned, the stacked parameters are cut
+    to the blocks that run."""
+    depth = self.num_layers if depth is None else depth
+    if not 0 <= depth <= self.num_layers or any(i >= depth for i in take):
+      raise ValueError(f'Blocks {tuple(take)} of the first {depth}: the '
+                       f'encoder has {self.num_layers}.')
+    block, settings = self._block(relative_max_distance)
+    if self.scan:
+      scanned = self._scanned(block, depth)
+      if depth < self.num_layers:
+        scanned = nn.map_variables(
+            scanned, 'params', trans_in_fn=lambda tree: jax.tree.map(
+                lambda a: a[:depth], tree))
+      x, stacked = scanned(scanned=True, scan_outputs=bool(take),
+                           name='encoderblock', **settings)(
+                               x, deterministic, grid, mask, rope)
+      return x, [stacked[i] for i in take]
+    rates = drop_path_rates(self.stochastic_depth, self.num_layers)
+    outputs = []
+    for i in range(depth):
+      x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
+                **settings)(x, deterministic, grid, mask, rope)
+      outputs.append(x)
+    return x, [outputs[i] for i in take]
+
+  def _block(self, relative_max_distance):
+    """The block class (with remat, if asked) and its settings."""
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f'Unknown remat_policy {self.remat_policy!r}; expected '
                        f'one of {tuple(REMAT_POLICIES)}.')
@@ -329,19 +372,14 @@ class Encoder(nn.Module):
                     qkv_bias=self.qkv_bias, layer_norm_eps=self.layer_norm_eps,
                     quick_gelu=self.quick_gelu, mlp_norm=self.mlp_norm,
                     rope_half=self.rope == 'dinov3', dtype=self.dtype)
-    if self.scan:
-      if self.stochastic_depth:
-        raise ValueError('transformer.scan runs all blocks alike: it cannot '
-                         'take a per-block stochastic_depth.')
-      x, _ = nn.scan(
-          block, variable_axes={'params': 0, 'intermediates': 0},
-          split_rngs={'params': True, 'dropout': True},
-          in_axes=(nn.broadcast,) * 4, length=self.num_layers)(
-              scanned=True, name='encoderblock', **settings)(
-                  x, deterministic, grid, mask, rope)
-      return x
-    rates = drop_path_rates(self.stochastic_depth, self.num_layers)
-    for i in range(self.num_layers):
-      x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
-                **settings)(x, deterministic, grid, mask, rope)
-    return x
+    return block, settings
+
+  def _scanned(self, block, length):
+    """`block` under `nn.scan` over `length` blocks (stacked parameters)."""
+    if self.stochastic_depth:
+      raise ValueError('transformer.scan runs all blocks alike: it cannot '
+                       'take a per-block stochastic_depth.')
+    return nn.scan(
+        block, variable_axes={'params': 0, 'intermediates': 0},
+        split_rngs={'params': True, 'dropout': True},
+        in_axes=(nn.broadcast,) * 4, length=length)

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
+from vit_jax.models import intermediates
 from vit_jax.models import vit as models_vit
 
 
@@ -65,9 +66,31 @@ class MlpMixer(nn.Module):
   model_name: Optional[str] = None
   dtype: Any = jnp.float32
 
-  @nn.compact
   def __call__(self, inputs, *, train):
     del train  # No dropout: same signature as the ViT.
+    return self._forward(inputs)
+
+  def forward_intermediates(self, inputs, indices=None, *, norm=False,
+                            output_fmt='NHWC', intermediates_only=False,
+                            train=False):
+    """The outputs of the blocks `indices` (`intermediates.take_indices`),
+    as timm's method: patch maps ('NHWC') or tokens ('NLC'), each through
+    `pre_head_layer_norm` with `norm`. `intermediates_only=False` returns
+    (final tokens after the norm, intermediates); otherwise no block after
+    the last asked for runs."""
+    del train
+    intermediates.check_output_fmt(output_fmt)
+    take = intermediates.take_indices(self.num_blocks, indices)
+    depth = max(take) + 1 if intermediates_only else self.num_blocks
+    final, taken, grid = self._forward(inputs, (take, depth, norm))
+    taken = [intermediates.split_tokens(y, grid, 0, output_fmt, False)
+             for y in taken]
+    return taken if intermediates_only else (final, taken)
+
+  @nn.compact
+  def _forward(self, inputs, take=None):
+    """`__call__`, or with `take`, (block indices, blocks to run, norm
+    them), (final tokens, those blocks' tokens, the patch grid)."""
     dtype = jnp.dtype(self.dtype)
     patch = models_vit.patch_size(self.patches)
     models_vit.check_image_size(inputs.shape, patch)
@@ -75,11 +98,17 @@ class MlpMixer(nn.Module):
                 dtype=dtype, name='stem')(inputs)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
-    for _ in range(self.num_blocks):
+    indices, depth, norm_taken = take or ((), self.num_blocks, False)
+    norm = nn.LayerNorm(dtype=dtype, name='pre_head_layer_norm')
+    taken = []
+    for i in range(depth):
       x = MixerBlock(self.tokens_mlp_dim, self.channels_mlp_dim,
-                     dtype=dtype)(x)
-    x = nn.LayerNorm(dtype=dtype, name='pre_head_layer_norm')(x)
-    x = jnp.mean(x, axis=1)
+                     dtype=dtype, name=f'MixerBlock_{i}')(x)
+      if i in indices:
+        taken.append(norm(x) if norm_taken else x)
+    if take is not None:
+      return (norm(x) if depth == self.num_blocks else x), taken, (h, w)
+    x = jnp.mean(norm(x), axis=1)
     if self.num_classes:
       # In float32 whatever `dtype`: float32 logits for the loss.
       x = nn.Dense(self.num_classes, kernel_init=nn.initializers.zeros,

@@ -213,7 +213,7 @@ class PackedEncoder(models_vit.Encoder):
           self.max_grid, fractional=self.posemb == 'factorized_frac',
           name='posembed_input')(positions, x.shape[-1]).astype(x.dtype)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    x = self._blocks(x, not train, None, None, mask=mask, rope=rope)
+    x, _ = self._blocks(x, not train, None, None, mask=mask, rope=rope)
     return nn.LayerNorm(name='encoder_norm', dtype=self.dtype)(x)
 
 

@@ -9,8 +9,8 @@ width. The parameter tree follows timm's `SwinTransformer` module for
 module (`layers_{i}/blocks_{j}/attn/qkv`, `layers_{i}/downsample/reduction`
 at the start of stages 1..3), so `convert_swin` maps names one to one.
 
-Each stage's output (NHWC) is sown as `intermediates/stage_{i}`, for dense
-tasks: `model.apply(v, x, train=False, mutable=['intermediates'])`.
+The stages' outputs for dense tasks: `forward_intermediates`, as timm's
+(each is also sown as `intermediates/stage_{i}`).
 """
 
 from typing import Any, Optional, Sequence, Tuple
@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import intermediates
 from vit_jax.models import vit as models_vit
 
 # The original's (and timm's) value for masked logits: exp(-100) is zero in
@@ -239,8 +240,30 @@ class SwinTransformer(nn.Module):
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
 
-  @nn.compact
   def __call__(self, inputs, *, train):
+    return self._forward(inputs, train)
+
+  def forward_intermediates(self, inputs, indices=None, *, norm=False,
+                            output_fmt='NHWC', intermediates_only=False,
+                            train=False):
+    """The outputs of the stages `indices` (`intermediates.take_indices`),
+    as timm's method: (batch, h, w, C) maps ('NHWC') or their tokens
+    ('NLC'); `norm` puts the last stage's through the final norm (the only
+    one it is sized for). `intermediates_only=False` returns (final NHWC
+    map after the norm, intermediates); otherwise no stage after the last
+    asked for runs."""
+    intermediates.check_output_fmt(output_fmt)
+    take = intermediates.take_indices(len(self.depths), indices)
+    depth = max(take) + 1 if intermediates_only else len(self.depths)
+    final, taken = self._forward(inputs, train, (take, depth, norm))
+    if output_fmt == 'NLC':
+      taken = [jnp.reshape(y, (y.shape[0], -1, y.shape[-1])) for y in taken]
+    return taken if intermediates_only else (final, taken)
+
+  @nn.compact
+  def _forward(self, inputs, train, take=None):
+    """`__call__`, or with `take`, (stage indices, stages to run, norm the
+    last), (final map, those stages' maps)."""
     check_image_size(inputs.shape, self.patch_size, self.window_size,
                      len(self.depths))
     dtype = jnp.dtype(self.dtype)
@@ -251,15 +274,25 @@ class SwinTransformer(nn.Module):
                      dtype=dtype)(x)
     rates = models_vit.drop_path_rates(self.stochastic_depth,
                                        sum(self.depths))
-    for i, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
-      x = SwinStage(depth, heads, self.window_size,
+    indices, depth, norm_taken = take or ((), len(self.depths), False)
+    norm = nn.LayerNorm(epsilon=LAYERNORM_EPSILON, name='norm', dtype=dtype)
+    last, taken = len(self.depths) - 1, []
+    for i, (depth_i, heads) in enumerate(zip(self.depths[:depth],
+                                             self.num_heads)):
+      x = SwinStage(depth_i, heads, self.window_size,
                     self.embed_dim * 2**i if i else None,
-                    tuple(rates[sum(self.depths[:i]):][:depth]), self.mlp_ratio,
-                    self.dropout_rate, self.attention_dropout_rate,
-                    self.gelu_approximate, dtype, name=f'layers_{i}')(
-                        x, deterministic=not train)
+                    tuple(rates[sum(self.depths[:i]):][:depth_i]),
+                    self.mlp_ratio, self.dropout_rate,
+                    self.attention_dropout_rate, self.gelu_approximate, dtype,
+                    name=f'layers_{i}')(x, deterministic=not train)
       self.sow('intermediates', f'stage_{i}', x)
-    x = nn.LayerNorm(epsilon=LAYERNORM_EPSILON, name='norm', dtype=dtype)(x)
+      if i in indices:
+        taken.append(norm(x) if norm_taken and i == last else x)
+    if depth <= last:
+      return x, taken
+    x = norm(x)
+    if take is not None:
+      return x, taken
     x = jnp.mean(x, axis=(1, 2))
     if not self.num_classes:
       return x

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vit_jax.models import flexi
+from vit_jax.models import intermediates
 from vit_jax.models import ops
 from vit_jax.models import resnet as models_resnet
 from vit_jax.models.layers import IdentityLayer
@@ -147,7 +148,6 @@ class VisionTransformer(nn.Module):
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
 
-  @nn.compact
   def __call__(self, inputs, *, train, keep=None, patch_size=None,
                mask=None):
     """Logits (or features) of NHWC `inputs`; `keep` (batch, k) ints picks
@@ -155,16 +155,55 @@ class VisionTransformer(nn.Module):
     `patch_size` (int or pair) runs at that patch size (`flexi`); `mask`
     (batch, patches) bools replaces those patches' embeddings by a learned
     `mask_token` before the position embedding (iBOT, DINOv2)."""
+    return self._forward(inputs, train, keep, patch_size, mask)
+
+  def forward_intermediates(self, inputs, indices=None, *, norm=False,
+                            output_fmt='NHWC', intermediates_only=False,
+                            return_prefix_tokens=False, patch_size=None,
+                            train=False):
+    """The outputs of the blocks `indices` (`intermediates.take_indices`:
+    an int n the last n, a sequence those blocks), as timm's method.
+
+    Each is a patch map (batch, h, w, D) ('NHWC') or the patch tokens
+    (batch, h*w, D) ('NLC'), the prefix (class, distillation, register)
+    tokens dropped, or with `return_prefix_tokens` the pair (that, prefix
+    tokens); `norm` puts each through the final norm (`encoder_norm`; none
+    for a model with `fc_norm`). `intermediates_only=False` returns
+    (final tokens, intermediates), after every block and the final norm;
+    otherwise no block after the last asked for runs. `patch_size` as
+    `__call__`'s (FlexiViT).
+    """
+    intermediates.check_output_fmt(output_fmt)
+    take = intermediates.take_indices(self.transformer['num_layers'],
+                                      indices)
+    depth = max(take) + 1 if intermediates_only else None
+    final, taken, grid = self._forward(inputs, train, None, patch_size, None,
+                                       take=(take, depth, norm))
+    prefix = num_prefix_tokens(self.classifier) + self.num_registers
+    taken = [intermediates.split_tokens(y, grid, prefix, output_fmt,
+                                        return_prefix_tokens) for y in taken]
+    return taken if intermediates_only else (final, taken)
+
+  @nn.compact
+  def _forward(self, inputs, train, keep, patch_size, mask, take=None):
+    """`__call__`, or with `take`, (block indices, blocks to run, norm
+    them), (final tokens, those blocks' tokens, the patch grid)."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'Unknown classifier {self.classifier!r}; '
                        f'expected one of {CLASSIFIERS}.')
     x, grid = self._embed(inputs, patch_size, mask)
-    x = Encoder(name='Transformer', posemb=self.posemb,
-                posemb_prefix=self.posemb_prefix, final_norm=not self.fc_norm,
-                posemb_grid=flexi.table_grid(self.posemb_grid, grid,
-                                             patch_size),
-                dtype=jnp.dtype(self.dtype), **self.transformer)(
-                    x, train=train, grid=grid, keep=keep)
+    encoder = Encoder(name='Transformer', posemb=self.posemb,
+                      posemb_prefix=self.posemb_prefix,
+                      final_norm=not self.fc_norm,
+                      posemb_grid=flexi.table_grid(self.posemb_grid, grid,
+                                                   patch_size),
+                      dtype=jnp.dtype(self.dtype), **self.transformer)
+    if take is not None:
+      indices, depth, norm = take
+      final, taken = encoder(x, train=train, grid=grid, take=indices,
+                             depth=depth, norm_taken=norm)
+      return final, taken, grid
+    x = encoder(x, train=train, grid=grid, keep=keep)
     return self._head(x, train)
 
   def _embed(self, inputs, new_patch=None, mask=None):
