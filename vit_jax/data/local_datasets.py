@@ -1,4 +1,4 @@
-"""tfds builders for datasets that ship inside system or pip packages.
+"""tfds builders for data that system or pip packages ship, or made from it.
 
 They prepare with no network, so the same tfds pipeline serves them and every
 other tfds dataset. Importing this module registers them with tfds.
@@ -11,7 +11,14 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
+from vit_jax.data import scenes
+
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
+_FASHION_MNIST_INSTRUCTIONS = (
+    'Install the Debian package: `apt-get install dataset-fashion-mnist` '
+    f'(it puts the idx files in {FASHION_MNIST_DIR}), or point '
+    '`tfds_manual_dir` at a folder with '
+    '{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz.')
 
 
 def _read_idx(path):
@@ -34,11 +41,7 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
   """Fashion-MNIST from local idx files (Debian's `dataset-fashion-mnist`)."""
 
   VERSION = tfds.core.Version('1.0.0')
-  MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      'Install the Debian package: `apt-get install dataset-fashion-mnist` '
-      f'(it puts the idx files in {FASHION_MNIST_DIR}), or point '
-      '`tfds_manual_dir` at a folder with '
-      '{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz.')
+  MANUAL_DOWNLOAD_INSTRUCTIONS = _FASHION_MNIST_INSTRUCTIONS
   CLASSES = ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal',
              'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
 
@@ -54,23 +57,72 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
     )
 
   def _split_generators(self, dl_manager):
-    root = _manual_dir(dl_manager, FASHION_MNIST_DIR)
-    files = lambda prefix: (
-        _find(root, f'{prefix}-images-idx3-ubyte',
-              self.MANUAL_DOWNLOAD_INSTRUCTIONS),
-        _find(root, f'{prefix}-labels-idx1-ubyte',
-              self.MANUAL_DOWNLOAD_INSTRUCTIONS))
-    return {'train': self._generate_examples(*files('train')),
-            'test': self._generate_examples(*files('t10k'))}
+    return {
+        'train': self._generate_examples(
+            *_fashion_mnist_files(dl_manager, 'train')),
+        'test': self._generate_examples(
+            *_fashion_mnist_files(dl_manager, 't10k'))}
 
   def _generate_examples(self, images_path, labels_path):
-    images = _read_idx(images_path)[..., None]
-    labels = _read_idx(labels_path)
-    if len(images) != len(labels):
-      raise ValueError(f'{images_path} has {len(images)} images but '
-                       f'{labels_path} has {len(labels)} labels.')
+    images, labels = _read_fashion_mnist(images_path, labels_path)
     for i, (image, label) in enumerate(zip(images, labels)):
-      yield i, {'image': image, 'label': int(label)}
+      yield i, {'image': image[..., None], 'label': int(label)}
+
+
+class FashionMnistScenes(tfds.core.GeneratorBasedBuilder):
+  """Segmentation scenes of Fashion-MNIST items (see `scenes`)."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  MANUAL_DOWNLOAD_INSTRUCTIONS = _FASHION_MNIST_INSTRUCTIONS
+  NUM_TRAIN = 4096
+  NUM_TEST = 1024
+  SEED = 0
+  # The recipe's settings, here rather than `make_scene`'s defaults, so
+  # that this version's scenes stay as they are.
+  SIZE = 56
+  ITEMS = (2, 4)
+  ITEM_SIZES = (16, 36)
+
+  def _info(self):
+    shape = (self.SIZE, self.SIZE, 1)
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=(
+            f'{self.SIZE}x{self.SIZE} gray scenes of {self.ITEMS[0]} to '
+            f'{self.ITEMS[1]} Fashion-MNIST items (train scenes from its '
+            'train images, test scenes from its t10k ones), each resized to '
+            f'{self.ITEM_SIZES[0]}..{self.ITEM_SIZES[1]} pixels and placed '
+            'at random, partly out of frame and covering one another, on a '
+            'striped, blotchy, graded or checkered ground darker than most '
+            'items. The mask is 0 on the ground and class + 1 where an item '
+            f'shows (its pixels above {scenes.FOOTPRINT_THRESHOLD}). Scene i '
+            f'of split s is drawn from np.random.default_rng([{self.SEED}, s, '
+            'i]), s = 0 for train, 1 for test; vit_jax/data/scenes.py has the '
+            'recipe.'),
+        features=tfds.features.FeaturesDict({
+            'image': tfds.features.Image(shape=shape),
+            'segmentation_mask': tfds.features.LabeledImage(
+                labels=['background', *FashionMnistLocal.CLASSES],
+                shape=shape),
+        }),
+    )
+
+  def _split_generators(self, dl_manager):
+    return {
+        'train': self._generate_examples(
+            _fashion_mnist_files(dl_manager, 'train'), 0, self.NUM_TRAIN),
+        'test': self._generate_examples(
+            _fashion_mnist_files(dl_manager, 't10k'), 1, self.NUM_TEST)}
+
+  def _generate_examples(self, files, split_index, count):
+    images, labels = _read_fashion_mnist(*files)
+    for i in range(count):
+      # Seeded by position, so no scene depends on the order of generation.
+      rng = np.random.default_rng([self.SEED, split_index, i])
+      image, mask = scenes.make_scene(
+          rng, images, labels, size=self.SIZE, items=self.ITEMS,
+          item_sizes=self.ITEM_SIZES)
+      yield i, {'image': image, 'segmentation_mask': mask}
 
 
 class Mnist5k(tfds.core.GeneratorBasedBuilder):
@@ -138,6 +190,23 @@ def _manual_dir(dl_manager, default):
   return manual if manual and os.path.isdir(manual) else default
 
 
+def _fashion_mnist_files(dl_manager, prefix):
+  """The (images, labels) idx files of Fashion-MNIST's `prefix` split."""
+  root = _manual_dir(dl_manager, FASHION_MNIST_DIR)
+  return tuple(
+      _find(root, f'{prefix}-{kind}-ubyte', _FASHION_MNIST_INSTRUCTIONS)
+      for kind in ('images-idx3', 'labels-idx1'))
+
+
+def _read_fashion_mnist(images_path, labels_path):
+  """(N, 28, 28) images and (N,) labels, checked to match."""
+  images, labels = _read_idx(images_path), _read_idx(labels_path)
+  if len(images) != len(labels):
+    raise ValueError(f'{images_path} has {len(images)} images but '
+                     f'{labels_path} has {len(labels)} labels.')
+  return images, labels
+
+
 def _find(root, name, instructions):
   for candidate in (name + '.gz', name):
     path = os.path.join(root, candidate)
@@ -146,4 +215,4 @@ def _find(root, name, instructions):
   raise FileNotFoundError(f'{name}(.gz) not found in {root}. {instructions}')
 
 
-LOCAL_BUILDERS = (FashionMnistLocal, Mnist5k)
+LOCAL_BUILDERS = (FashionMnistLocal, FashionMnistScenes, Mnist5k)

@@ -1,0 +1,142 @@
+"""Fashion-MNIST scenes: the recipe's guarantees and the offline builder."""
+
+import pathlib
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from vit_jax.data import local_datasets
+from vit_jax.data import pipeline
+from vit_jax.data import scenes
+
+# One fake item per class, a full square of the class's own intensity.
+INTENSITY = np.arange(10) * 20 + 40
+SQUARES = np.broadcast_to(INTENSITY[:, None, None], (10, 28, 28)).astype(
+    np.uint8)
+CLASSES = np.arange(10)
+
+
+def _scene(seed, images=SQUARES, **kw):
+  return scenes.make_scene(np.random.default_rng(seed), images, CLASSES, **kw)
+
+
+def test_same_seed_same_scene():
+  image, mask = _scene(3)
+  again, again_mask = _scene(3)
+  np.testing.assert_array_equal(image, again)
+  np.testing.assert_array_equal(mask, again_mask)
+  other, other_mask = _scene(4)
+  assert (image != other).any() and (mask != other_mask).any()
+  assert image.shape == mask.shape == (56, 56, 1)
+  assert image.dtype == mask.dtype == np.uint8
+
+
+def test_labels_mark_the_items_that_show():
+  """The draws do not depend on the items' pixels: scenes of the same seed
+  from brighter squares, or from blank items, share the ground and places."""
+  brighter = SQUARES + np.uint8(10)
+  blank = np.zeros_like(SQUARES)
+  for seed in range(20):
+    image, mask = _scene(seed)
+    image, mask = image[..., 0], mask[..., 0]
+    assert 0 < (mask > 0).sum() < mask.size
+    for c in np.unique(mask[mask > 0]) - 1:
+      assert (image[mask == c + 1] == INTENSITY[c]).all()
+    bright_image, bright_mask = _scene(seed, brighter)
+    np.testing.assert_array_equal(bright_mask[..., 0], mask)
+    ground = mask == 0
+    np.testing.assert_array_equal(bright_image[..., 0][ground], image[ground])
+    assert (bright_image[..., 0][~ground] == image[~ground] + 10).all()
+    # An item's zero pixels are not its own: blank items leave only ground.
+    blank_image, blank_mask = _scene(seed, blank)
+    assert not blank_mask.any()
+    np.testing.assert_array_equal(blank_image[..., 0][ground], image[ground])
+
+
+def test_faint_pixels_are_not_footprint():
+  """A dark item (all at the threshold) leaves nothing; one step brighter,
+  it is all footprint."""
+  for seed in range(5):
+    at = np.full_like(SQUARES, scenes.FOOTPRINT_THRESHOLD)
+    assert not _scene(seed, at)[1].any()
+    assert _scene(seed, at + np.uint8(1))[1].any()
+
+
+def _placed(seed, k, **kw):
+  """The classes placed in scene `seed`: each shows when the others are
+  blanked out (the places do not depend on the pixels)."""
+  shown = set()
+  for c in range(k):
+    alone = np.where(CLASSES[:k, None, None] == c, SQUARES[:k], 0)
+    mask = scenes.make_scene(np.random.default_rng(seed), alone, CLASSES[:k],
+                             **kw)[1]
+    shown.update(np.unique(mask[mask > 0]) - 1)
+  return shown
+
+
+def test_item_counts():
+  counts = set()
+  for seed in range(30):
+    placed = _placed(seed, 10, items=(2, 4))
+    visible = set(np.unique(_scene(seed, items=(2, 4))[1])) - {0}
+    assert {c + 1 for c in placed} >= visible
+    assert 2 <= len(placed) <= 4
+    counts.add(len(placed))
+    # Exactly k items of k distinct classes: all of them are placed.
+    assert _placed(seed, 3, items=(3, 3)) == {0, 1, 2}
+  assert counts == {2, 3, 4}
+
+
+class TinyScenes(local_datasets.FashionMnistScenes, skip_registration=True):
+  NUM_TRAIN = 12
+  NUM_TEST = 5
+
+
+def _prepare(data_dir, manual_dir):
+  builder = TinyScenes(data_dir=str(data_dir))
+  builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  return builder
+
+
+def _records(builder):
+  return {path.name: path.read_bytes()
+          for path in pathlib.Path(builder.data_dir).glob('*.tfrecord*')}
+
+
+def test_builder_prepares_offline(fmnist_dirs, tmp_path):
+  manual, _ = fmnist_dirs
+  builder = _prepare(tmp_path / 'a', manual)
+  assert builder.info.splits['train'].num_examples == 12
+  assert builder.info.splits['test'].num_examples == 5
+  assert builder.info.features['segmentation_mask'].num_classes == 11
+  images = local_datasets._read_idx(f'{manual}/t10k-images-idx3-ubyte.gz')
+  labels = local_datasets._read_idx(f'{manual}/t10k-labels-idx1-ubyte.gz')
+  # Scene i of the test split is drawn from the rng seeded [SEED, 1, i].
+  expected = {b''.join(a.tobytes() for a in scenes.make_scene(
+      np.random.default_rng([TinyScenes.SEED, 1, i]), images, labels,
+      size=TinyScenes.SIZE, items=TinyScenes.ITEMS,
+      item_sizes=TinyScenes.ITEM_SIZES)) for i in range(5)}
+  found = set()
+  for ex in tfds.as_numpy(builder.as_dataset(split='test')):
+    image, mask = ex['image'], ex['segmentation_mask']
+    assert image.shape == mask.shape == (56, 56, 1)
+    assert image.dtype == mask.dtype == np.uint8
+    assert mask.max() <= 10
+    found.add(image.tobytes() + mask.tobytes())
+  assert found == expected
+  # A second preparation writes the same records, byte for byte.
+  again = _prepare(tmp_path / 'b', manual)
+  assert _records(builder) and _records(builder) == _records(again)
+
+
+def test_get_builder_prepares_scenes(tiny_config, tmp_path, monkeypatch):
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 6)
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 3)
+  tiny_config.dataset = 'fashion_mnist_scenes'
+  tiny_config.tfds_data_dir = str(tmp_path)
+  tiny_config.tfds_download = False
+  builder = pipeline.get_builder(tiny_config)
+  assert builder.name == 'fashion_mnist_scenes'
+  assert builder.info.splits['train'].num_examples == 6
+  assert builder.info.splits['test'].num_examples == 3

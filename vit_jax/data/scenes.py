@@ -1,0 +1,113 @@
+"""Segmentation scenes of Fashion-MNIST items on textured ground.
+
+They give dense probes a dataset that prepares offline from the idx files the
+default job already reads. `make_scene` draws one scene, a gray image and its
+mask, from one `np.random.Generator` (the same state gives the same scene):
+
+1. Ground: one of four textures t in [0, 1], picked uniformly:
+   - stripes: 0.5 + 0.5 sin(2 pi (x cos a + y sin a) / period + phase), with
+     a in [0, pi), period in [4, 16] pixels, phase in [0, 2 pi);
+   - blobs: uniform noise on a g x g grid, g in {2..8}, resized bilinearly;
+   - gradient: x cos a + y sin a, a in [0, 2 pi), scaled to [0, 1];
+   - checkerboard: square cells of c in {3..12} pixels, shifted by [0, c).
+   It becomes lo + (hi - lo) t with lo uniform in [0, 80] and hi in
+   [lo + 40, 160], so it is mostly darker than the items, plus Gaussian
+   noise of standard deviation 4, rounded and clipped to [0, 255].
+2. Items: n, uniform in `items` (inclusive), images drawn without
+   replacement. Each is resized bilinearly (PIL) to a square side uniform in
+   `item_sizes` (inclusive) and centred on a uniform pixel of the frame, so
+   that it may stick out of it (that part is cut). Later items cover earlier
+   ones.
+3. An item's footprint is its resized pixels above FOOTPRINT_THRESHOLD
+   (Fashion-MNIST's own background is 0). There the image takes the item's
+   pixels and the mask its class + 1; the mask is 0 on the ground.
+
+Uniform draws are real-valued unless written as {a..b}; every draw comes from
+the generator in the order written here, for each item in turn.
+"""
+
+import numpy as np
+from PIL import Image
+
+# Bilinear resizing smears the items' zero background into a faint halo.
+FOOTPRINT_THRESHOLD = 10
+
+
+def make_scene(rng: np.random.Generator, images, labels, *, size=56,
+               items=(2, 4), item_sizes=(16, 36)):
+  """A scene drawn from `rng` as the module says.
+
+  Args:
+    rng: the scene's only source of randomness.
+    images: (N, H, W) uint8 items on a 0 background; N >= items[1].
+    labels: (N,) their classes.
+    size: the scene's side.
+    items: (fewest, most) items in a scene.
+    item_sizes: (smallest, largest) side of an item.
+
+  Returns:
+    (image, mask), both (size, size, 1) uint8; the mask holds class + 1 where
+    an item shows, 0 elsewhere.
+  """
+  image = _ground(rng, size)
+  mask = np.zeros((size, size), np.uint8)
+  count = rng.integers(items[0], items[1] + 1)
+  for i in rng.choice(len(images), count, replace=False):
+    side = int(rng.integers(item_sizes[0], item_sizes[1] + 1))
+    top, left = rng.integers(0, size, 2) - side // 2
+    item = Image.fromarray(np.asarray(images[i], np.uint8))
+    item = np.asarray(item.resize((side, side), Image.BILINEAR))
+    _paste(image, mask, item, int(labels[i]) + 1, top, left)
+  return image[..., None], mask[..., None]
+
+
+def _paste(image, mask, item, label, top, left):
+  """Writes `item`'s footprint into `image` and `mask` at (top, left)."""
+  size = image.shape[0]
+  y0, x0 = max(top, 0), max(left, 0)
+  y1, x1 = min(top + item.shape[0], size), min(left + item.shape[1], size)
+  piece = item[y0 - top:y1 - top, x0 - left:x1 - left]
+  footprint = piece > FOOTPRINT_THRESHOLD
+  image[y0:y1, x0:x1][footprint] = piece[footprint]
+  mask[y0:y1, x0:x1][footprint] = label
+
+
+def _ground(rng, size):
+  """A gray texture in a random intensity range, with mild pixel noise."""
+  texture = _TEXTURES[rng.integers(len(_TEXTURES))](rng, size)
+  low = rng.uniform(0, 80)
+  high = rng.uniform(low + 40, 160)
+  pixels = low + (high - low) * texture + rng.normal(0, 4, (size, size))
+  return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
+
+
+def _stripes(rng, size):
+  angle, period = rng.uniform(0, np.pi), rng.uniform(4, 16)
+  phase = rng.uniform(0, 2 * np.pi)
+  return 0.5 + 0.5 * np.sin(2 * np.pi * _along(angle, size) / period + phase)
+
+
+def _blobs(rng, size):
+  grid = int(rng.integers(2, 9))
+  noise = Image.fromarray(rng.uniform(0, 1, (grid, grid)).astype(np.float32))
+  return np.asarray(noise.resize((size, size), Image.BILINEAR), np.float64)
+
+
+def _gradient(rng, size):
+  ramp = _along(rng.uniform(0, 2 * np.pi), size)
+  return (ramp - ramp.min()) / (ramp.max() - ramp.min())
+
+
+def _checkerboard(rng, size):
+  cell = int(rng.integers(3, 13))
+  y, x = np.mgrid[:size, :size] + rng.integers(0, cell, (2, 1, 1))
+  return ((y // cell + x // cell) % 2).astype(np.float64)
+
+
+def _along(angle, size):
+  """Each pixel's coordinate along the direction `angle`."""
+  y, x = np.mgrid[:size, :size]
+  return x * np.cos(angle) + y * np.sin(angle)
+
+
+_TEXTURES = (_stripes, _blobs, _gradient, _checkerboard)
