@@ -69,6 +69,13 @@ class DinoModel(nn.Module):
     self.patch_head = (DinoHead(name='ibot_head', **self.ibot_head)
                        if self.ibot_head else self.dino_head)
 
+  def image_encoder(self, params):
+    """(the encoder, its parameters of `params`): what
+    `forward_intermediates` and feature extraction run."""
+    return models_vit.VisionTransformer(
+        **{**self.encoder, 'num_classes': None,
+           'classifier': 'token_unpooled'}, parent=None), params['encoder']
+
   def __call__(self, images, *, train, mask=None, masked=None):
     """{'cls': class-token features, 'dino': their scores} of NHWC
     `images`; with `masked` (batch, m) patch indices also 'ibot', those

@@ -164,6 +164,18 @@ class LitModel(nn.Module):
       object.__setattr__(self, 'pp', ml_collections.FrozenConfigDict(self.pp))
     super().__post_init__()
 
+  def image_encoder(self, params):
+    """(the image tower, its parameters of `params`): what
+    `forward_intermediates` and feature extraction run."""
+    return models_vit.VisionTransformer(
+        **{**self.image, 'num_classes': self._dims()[0]},
+        parent=None), params['img']
+
+  def _dims(self):
+    """The (image, text) projection widths."""
+    return ((self.out_dim,) * 2 if isinstance(self.out_dim, int)
+            else self.out_dim)
+
   @nn.compact
   def __call__(self, *, images=None, tokens=None, train=False,
                train_image=False):
@@ -174,8 +186,7 @@ class LitModel(nn.Module):
     if self.text_model not in TEXT_MODELS:
       raise ValueError(f'Unknown text_model {self.text_model!r}; expected one '
                        f'of {tuple(TEXT_MODELS)}.')
-    img_dim, txt_dim = ((self.out_dim,) * 2 if isinstance(self.out_dim, int)
-                        else self.out_dim)
+    img_dim, txt_dim = self._dims()
     zimg = ztxt = None
     out = {}
     if tokens is not None:

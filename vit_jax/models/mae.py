@@ -109,6 +109,13 @@ class MaskedAutoencoder(nn.Module):
   def patch(self) -> Tuple[int, int]:
     return models_vit.patch_size(self.encoder['patches'])
 
+  def image_encoder(self, params):
+    """(the encoder, its parameters of `params`): what
+    `forward_intermediates` and feature extraction run."""
+    return models_vit.VisionTransformer(
+        **dict(self.encoder, classifier='token_unpooled', num_classes=None),
+        parent=None), params['encoder']
+
   @nn.compact
   def __call__(self, images, keep, *, train):
     """Predicted pixels (n, h*w, ph*pw*C) of every patch, in `patchify`'s
