@@ -1,7 +1,8 @@
-"""The training losses: classification's, image-text's and DINO's.
+"""The training losses: classification's, segmentation's, image-text's and
+DINO's.
 
 Classification: per-example softmax or sigmoid cross-entropy of logits
-against (soft) label vectors.
+against (soft) label vectors; segmentation: per pixel, some ignored.
 
 Image-text, on L2-normalized embeddings of matching pairs. Row i of `zimg` and of `ztxt` come from the same (image, caption) pair; every
 other pairing in the batch is a negative.
@@ -40,6 +41,15 @@ def classification(logits, labels, kind: str):
   if kind == 'sigmoid_xent':
     return optax.sigmoid_binary_cross_entropy(logits, labels).sum(-1)
   return optax.softmax_cross_entropy(logits, labels)
+
+
+def pixel_cross_entropy(logits, labels, ignore_label: int):
+  """Mean softmax cross-entropy over the pixels whose label is not
+  `ignore_label`: `logits` (batch, H, W, K), `labels` (batch, H, W) ints."""
+  valid = labels != ignore_label
+  per_pixel = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), jnp.where(valid, labels, 0))
+  return jnp.sum(per_pixel * valid) / jnp.maximum(jnp.sum(valid), 1)
 
 
 def softmax_loss(zimg, ztxt, t, b=None):

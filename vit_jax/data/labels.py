@@ -1,4 +1,5 @@
-"""Labels that VTAB's structured tasks derive from tfds features; ReaL's sets.
+"""Labels that VTAB's structured tasks derive from tfds features; ReaL's
+sets; segmentation masks.
 
 Each task maps a decoded example (uint8 image, tfds features) to (image,
 label), as google-research/task_adaptation's data classes define them; the
@@ -49,6 +50,11 @@ def _real_labels(image, features):
   return image, features['real_label']
 
 
+def _segmentation_mask(image, features):
+  """A class per pixel: the (H, W, 1) `segmentation_mask` feature."""
+  return image, features['segmentation_mask']
+
+
 # name: (function, number of classes).
 TASKS = {
     'clevr_count_all': (_clevr_count_all, 8),
@@ -60,6 +66,8 @@ TASKS = {
     'smallnorb_azimuth': (_grouped('label_azimuth', 18, 18), 18),
     'smallnorb_elevation': (_grouped('label_elevation', 9, 9), 9),
     'imagenet2012_real': (_real_labels, 1000),
+    # As many classes as the mask feature's labels.
+    'segmentation_mask': (_segmentation_mask, None),
 }
 
 
@@ -71,6 +79,8 @@ def check(name):
 
 def num_classes(name, builder):
   check(name)
+  if name == 'segmentation_mask':
+    return builder.info.features[name].num_classes
   if name:
     return TASKS[name][1]
   return builder.info.features['label'].num_classes

@@ -402,23 +402,26 @@ def label_counts(info: DatasetInfo, config):
   return counts.numpy()
 
 
-def eval_dataset(info: DatasetInfo, config) -> tf.data.Dataset:
-  """This process's share of the test split, as `eval_example`s."""
+def eval_dataset(info: DatasetInfo, config, example=None) -> tf.data.Dataset:
+  """This process's share of the test split, as `example(features, info=,
+  pp=)` makes them (default `eval_example`)."""
   return _read_process_share(info.builder, info.test_split).map(
-      functools.partial(eval_example, info=info, pp=config.pp),
+      functools.partial(example or eval_example, info=info, pp=config.pp),
       num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def eval_batches(info: DatasetInfo, config, *, batch_size: int):
+def eval_batches(info: DatasetInfo, config, *, batch_size: int,
+                 example=None):
   """Test batches covering every example once; padding has mask 0.
 
   Every process yields the same number of batches (needed by the collective
-  eval step), padding its share of the split as needed.
+  eval step), padding its share of the split as needed. `example` as
+  `eval_dataset`'s.
   """
   largest_share = -(-info.num_test // jax.process_count())
   num_batches = -(-largest_share // batch_size)
 
-  ds = eval_dataset(info, config)
+  ds = eval_dataset(info, config, example)
   pad = {k: tf.zeros(v.shape, v.dtype) for k, v in ds.element_spec.items()}
   ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat())
   ds = ds.take(num_batches * batch_size).batch(batch_size)

@@ -8,3 +8,4 @@ from vit_jax.evaluators import fewshot
 from vit_jax.evaluators import knn
 from vit_jax.evaluators import zeroshot
 from vit_jax.evaluators import navit
+from vit_jax.evaluators import segmentation

@@ -59,11 +59,13 @@ def split_data(config, dataset, split):
                                           data), data)
 
 
-def batches(info, data, mesh):
+def batches(info, data, mesh, example=None):
   """Every example of the test split, as global batches on the mesh, with
-  a `mask` of the real (not padding) examples."""
+  a `mask` of the real (not padding) examples; `example` as
+  `pipeline.eval_dataset`'s."""
   host = pipeline.eval_batches(
-      info, data, batch_size=pipeline.host_batch_size(data.batch_eval))
+      info, data, batch_size=pipeline.host_batch_size(data.batch_eval),
+      example=example)
   return sharding.global_batches(host, mesh, data.batch_eval)
 
 

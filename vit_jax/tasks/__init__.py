@@ -10,3 +10,4 @@ from vit_jax.tasks import mae
 from vit_jax.tasks import dino
 from vit_jax.tasks import navit
 from vit_jax.tasks import inference_time
+from vit_jax.tasks import segmentation

@@ -1,0 +1,56 @@
+r"""A dense linear probe (DINOv2's linear head) of a frozen encoder on
+Fashion-MNIST scenes (`fashion_mnist_scenes`: 56 px gray scenes of 2-4
+items on textured ground, 11 classes with the background), offline.
+
+By default it probes the default job's exported encoder (the README's
+first command writes it); `--config.pretrained_path` takes any other of the
+same model, and `--config.model_name=PRESET` with its path any checkpoint
+a preset loads; an empty path probes the encoder at initialization. The
+images are 56 px: the ViT's 4x4 grid of 28 px becomes 8x8 (the position
+table resized). Ends with mean IoU and pixel accuracy on the 1,024 test
+scenes; docs/dense.md compares encoders.
+
+  python -m vit_jax.main --config=configs/segmentation_fmnist.py \
+      --workdir=/tmp/seg
+  python -m vit_jax.main --config=configs/segmentation_fmnist.py \
+      --config.pretrained_path=/tmp/mae/ViT-fmnist.npz --workdir=/tmp/seg_mae
+
+Arms: 'last' (the last block's map, default) and 'last4' (the last four
+blocks' maps concatenated, DINOv2's "+ms" head).
+"""
+
+import ml_collections
+
+from vit_jax.configs import default
+
+DEFAULT_ENCODER = '/tmp/vit_default/ViT-fmnist.npz'
+ARMS = {'last': 1, 'last4': 4}
+
+
+def get_config(arm: str = 'last') -> ml_collections.ConfigDict:
+  if arm not in ARMS:
+    raise ValueError(f'Unknown arm {arm!r}; expected one of {tuple(ARMS)}.')
+  config = default.get_config().unlock()
+  config.trainer = 'segmentation'
+  config.dataset = 'fashion_mnist_scenes'
+  config.pp.label = 'segmentation_mask'
+  config.pp.crop = 56
+  config.pp.flip = True
+  config.pretrained_path = DEFAULT_ENCODER
+  config.segmentation = ml_collections.ConfigDict(dict(
+      indices=ARMS[arm],  # an int n: the last n blocks; or a list
+      norm=True,  # each map through the encoder's final norm (DINOv2's)
+      ignore_label=255))  # pixels of this label count for nothing
+  config.evals = ml_collections.ConfigDict()
+  config.evals.segmentation = dict(type='segmentation', every=0)
+  config.optimizer = 'adamw'
+  config.weight_decay = 1e-4
+  config.base_lr = 1e-3
+  config.warmup_steps = 50
+  config.total_steps = 1000
+  config.batch = 64
+  config.batch_eval = 256
+  config.shuffle_buffer = 4096
+  config.progress_every = 100
+  config.checkpoint_every = 500
+  return config.lock()

@@ -1,0 +1,133 @@
+"""Dense linear probing (`trainer='segmentation'`): DINOv2's linear head
+(BatchNorm and a 1x1 convolution, `models.segmentation`) trained on the
+patch maps of a frozen encoder, per-pixel cross-entropy after bilinear
+upsampling to the labels' size, pixels of `ignore_label` left out.
+
+The encoder is any checkpoint that `config.model` (a preset, by
+`--config.model_name`) loads from `pretrained_path`, at `pp.crop`; none:
+the model at initialization (a baseline). Its parameters are an argument
+of the jitted step (as a teacher's), never updated and with no optimizer
+state; its maps are computed inside the step. The head's BatchNorm
+statistics ride in the state beside its parameters, labelled frozen for
+the optimizer and replaced by the step. The run exports the whole
+segmenter (encoder and head) and its evaluator reports mean IoU and pixel
+accuracy.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import losses
+from vit_jax.checkpoints import loading
+from vit_jax.checkpoints import pretrained
+from vit_jax.data import pipeline
+from vit_jax.data import segmentation as segmentation_data
+from vit_jax.models import backbone
+from vit_jax.models import segmentation
+from vit_jax.platform import sharding
+from vit_jax.run import optim
+from vit_jax.tasks import base
+from vit_jax.tasks import classification
+from vit_jax.tasks import registry
+
+LABEL = 'segmentation_mask'  # the feature, a `data.labels` task
+
+
+def load_encoder(config):
+  """(model, parameters) of the image encoder: `pretrained_path`'s, else
+  `config.model` at initialization (the run's seed)."""
+  path = pretrained.pretrained_path(config)
+  if path:
+    model, params, _ = loading.load_model(config.model, path, config.pp.crop)
+    print(f'Probing {path}.', flush=True)
+  else:
+    model = classification.make_model(config, None)
+    key = jax.random.fold_in(jax.random.key(config.seed), 1)
+    params = model.init(key, jnp.zeros((1, config.pp.crop, config.pp.crop, 3)),
+                        train=False)['params']
+    print('Probing the encoder at initialization (no pretrained_path).',
+          flush=True)
+  return backbone.image_encoder(model, params)
+
+
+@registry.register
+class Task(base.Task):
+  """A linear segmentation head on a frozen encoder."""
+
+  trainers = ('segmentation',)
+
+  @classmethod
+  def check_config(cls, config, data_devices):
+    super().check_config(config, data_devices)
+    if config.pp.get('label') != LABEL:
+      raise ValueError(f"trainer='segmentation' reads pp.label={LABEL!r}, "
+                       f'got {config.pp.get("label")!r}.')
+    settings = config.get('segmentation')
+    if settings is None or not isinstance(settings.ignore_label, int):
+      raise ValueError("trainer='segmentation' needs config.segmentation "
+                       'with an integer ignore_label (and indices, norm).')
+
+  def __init__(self, config, workdir, mesh, *, training=True, info=None):
+    del workdir, training
+    self.config, self.mesh = config, mesh
+    self.info = info or pipeline.dataset_info(pipeline.get_builder(config),
+                                              config)
+    encoder, params = load_encoder(config)
+    settings = config.segmentation
+    indices = settings.indices
+    self.model = segmentation.LinearSegmenter(
+        encoder, self.info.num_classes,
+        indices if isinstance(indices, int) else tuple(indices),
+        settings.norm)
+    # On the mesh once: the step's argument and the evaluators' view.
+    self.frozen = {'backbone': params}
+    self.frozen = jax.device_put(self.frozen, sharding.tree_shardings(
+        self.frozen, mesh, config.sharding_rules, config.sharding_strategy))
+    # Fails here, before anything compiles, on indices the encoder lacks.
+    self._maps = jax.eval_shape(self.features, self.frozen, jnp.zeros(
+        (1, config.pp.crop, config.pp.crop, 3)))
+
+  def features(self, frozen, images):
+    """The encoder's maps that the head reads."""
+    return self.model.apply({'params': frozen}, images, method='features')
+
+  def init_params(self, rng):
+    """The head's parameters and BatchNorm statistics."""
+    maps = [jnp.zeros(m.shape, m.dtype) for m in self._maps]
+    return self.model.init(rng, maps, method='classify', train=False)
+
+  @staticmethod
+  def param_labels(variables):
+    """Only the head's parameters train; its statistics are the step's."""
+    return {kind: jax.tree.map(lambda _, k=kind: (
+        optim.TRAINED if k == 'params' else optim.FROZEN), tree)
+            for kind, tree in variables.items()}
+
+  def train_step(self, state, batch, *, rng, frozen):
+    """One micro-batch: the frozen maps, the head's loss and update."""
+    del rng  # no dropout, no augmentation on the device
+    labels = batch['segmentation']
+    maps = jax.lax.stop_gradient(self.features(frozen, batch['image']))
+
+    def compute_loss(variables):
+      logits, updates = self.model.apply(
+          variables, maps, method='classify', train=True,
+          mutable=['batch_stats'])
+      logits = segmentation.upsample(logits, labels.shape[1:])
+      return losses.pixel_cross_entropy(
+          logits, labels, self.config.segmentation.ignore_label), updates
+
+    (value, updates), grads = jax.value_and_grad(
+        compute_loss, has_aux=True)(state.params)
+    state = state.apply_gradients(grads=grads)
+    return state.replace(params={**state.params, **updates}), {'loss': value}
+
+  def batches(self, *, batch_size, rows, start_step):
+    return segmentation_data.train_iterator(
+        self.info, self.config, batch_size=batch_size, rows=rows,
+        start_step=start_step)
+
+  def exported_params(self, params):
+    """The whole segmenter's variables: the encoder's and the head's."""
+    return {'params': {**params['params'], **self.frozen},
+            'batch_stats': params['batch_stats']}
