@@ -24,7 +24,7 @@ import ml_collections
 from vit_jax.configs import default
 
 DEFAULT_ENCODER = '/tmp/vit_default/ViT-fmnist.npz'
-ARMS = {'last': 1, 'last4': 4}
+ARMS = {'last': (-1,), 'last4': (-4, -3, -2, -1)}
 
 
 def get_config(arm: str = 'last') -> ml_collections.ConfigDict:
@@ -38,7 +38,7 @@ def get_config(arm: str = 'last') -> ml_collections.ConfigDict:
   config.pp.flip = True
   config.pretrained_path = DEFAULT_ENCODER
   config.segmentation = ml_collections.ConfigDict(dict(
-      indices=ARMS[arm],  # an int n: the last n blocks; or a list
+      indices=ARMS[arm],  # the encoder's blocks, negative from the end
       norm=True,  # each map through the encoder's final norm (DINOv2's)
       ignore_label=255))  # pixels of this label count for nothing
   config.evals = ml_collections.ConfigDict()

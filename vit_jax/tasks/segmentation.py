@@ -74,10 +74,8 @@ class Task(base.Task):
                                               config)
     encoder, params = load_encoder(config)
     settings = config.segmentation
-    indices = settings.indices
     self.model = segmentation.LinearSegmenter(
-        encoder, self.info.num_classes,
-        indices if isinstance(indices, int) else tuple(indices),
+        encoder, self.info.num_classes, tuple(settings.indices),
         settings.norm)
     # On the mesh once: the step's argument and the evaluators' view.
     self.frozen = {'backbone': params}
