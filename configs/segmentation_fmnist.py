@@ -45,7 +45,9 @@ def get_config(arm: str = 'last') -> ml_collections.ConfigDict:
   config.evals.segmentation = dict(type='segmentation', every=0)
   config.optimizer = 'adamw'
   config.weight_decay = 1e-4
-  config.base_lr = 1e-3
+  # The supervised encoder's probe, seed 0: 0.104 mean IoU at 1e-3, 0.120
+  # at 1e-2, 0.119 at 3e-2 (docs/dense.md).
+  config.base_lr = 1e-2
   config.warmup_steps = 50
   config.total_steps = 1000
   config.batch = 64
