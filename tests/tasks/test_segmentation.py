@@ -145,3 +145,20 @@ def test_probe_trains_a_frozen_encoder(scenes_config, tmp_path):
   task = launch.make_task(scenes_config, workdir)
   _, abstract, _ = loop.abstract_state(task, scenes_config, task.mesh)
   assert size(abstract.opt_state) <= 3 * size(params)  # Adam's, the head's
+
+
+def test_evaluates_an_exported_probe(scenes_config, tmp_path):
+  """trainer='evaluate' on the exported segmenter: the run's metrics; an
+  encoder alone is refused by name."""
+  workdir = str(tmp_path / 'run')
+  launch.train_and_evaluate(scenes_config, workdir)
+  trained = json.load(open(os.path.join(workdir, 'results.json')))
+  config = scenes_config.copy_and_resolve_references()
+  config.trainer = 'evaluate'
+  encoder = config.pretrained_path
+  config.pretrained_path = os.path.join(workdir, 'DINOv2-testing-reg4.npz')
+  result = launch.evaluate(config, str(tmp_path / 'eval'))
+  assert result['miou'] == pytest.approx(trained['miou'], abs=1e-6)
+  config.pretrained_path = encoder
+  with pytest.raises(files.CheckpointError, match='not a segmentation probe'):
+    launch.evaluate(config, str(tmp_path / 'eval2'))

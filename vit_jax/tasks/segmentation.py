@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import losses
+from vit_jax.checkpoints import files
 from vit_jax.checkpoints import loading
 from vit_jax.checkpoints import pretrained
 from vit_jax.data import pipeline
@@ -67,13 +68,23 @@ class Task(base.Task):
       raise ValueError("trainer='segmentation' needs config.segmentation "
                        'with an integer ignore_label (and indices, norm).')
 
+  @classmethod
+  def evaluates(cls, config):
+    """A segmentation config evaluates a probe's exported .npz."""
+    return config.get('segmentation') is not None
+
   def __init__(self, config, workdir, mesh, *, training=True, info=None):
-    del workdir, training
+    del workdir
     self.config, self.mesh = config, mesh
     self.info = info or pipeline.dataset_info(pipeline.get_builder(config),
                                               config)
-    encoder, params = load_encoder(config)
     settings = config.segmentation
+    if not training:  # the checkpoint holds the encoder (`checkpoint`)
+      self.model = segmentation.LinearSegmenter(
+          classification.make_model(config, None), self.info.num_classes,
+          tuple(settings.indices), settings.norm)
+      return
+    encoder, params = load_encoder(config)
     self.model = segmentation.LinearSegmenter(
         encoder, self.info.num_classes, tuple(settings.indices),
         settings.norm)
@@ -124,6 +135,16 @@ class Task(base.Task):
     return segmentation_data.train_iterator(
         self.info, self.config, batch_size=batch_size, rows=rows,
         start_step=start_step)
+
+  def checkpoint(self, path):
+    """(the segmenter, its variables) of a probe's exported .npz."""
+    variables = files.load(path)
+    if sorted(variables) != ['batch_stats', 'params']:
+      raise files.CheckpointError(
+          f'{path} is not a segmentation probe (its export holds params/'
+          'backbone, params/head and batch_stats); probe an encoder with '
+          "trainer='segmentation'.")
+    return self.model, variables
 
   def exported_params(self, params):
     """The whole segmenter's variables: the encoder's and the head's."""
