@@ -6,10 +6,11 @@ prints the table of docs/dense.md and draws its picture.
 Each seed trains the default job's ViT three ways for `--steps` steps, as
 scripts/dino_fmnist.py does: supervised (configs/default.py), MAE and DINO
 (without labels), and takes the same ViT at initialization; then probes
-each encoder's last block with configs/segmentation_fmnist.py (DINOv2's
-linear head, the seed's probe) and reads its mean IoU and pixel accuracy on
-the 1,024 test scenes. A finished run is not repeated. `--picture=PNG`
-draws three test scenes, their labels and seed 0's predictions.
+each encoder with configs/segmentation_fmnist.py:ARM (DINOv2's linear head
+on the last block, or on the last four: `--arm`; the seed's probe) and reads
+its mean IoU and pixel accuracy on the 1,024 test scenes. A finished run is
+not repeated. `--picture=PNG` draws three test scenes, their labels and
+seed 0's predictions.
 """
 
 import argparse
@@ -37,8 +38,8 @@ def encoders(seed, out, steps):
   return paths
 
 
-def probe_dir(out, arm):
-  return f'{out}/{arm}_probe'
+def probe_dir(out, arm, probe):
+  return f'{out}/{arm}_probe_{probe}'
 
 
 def one_seed(seed, args):
@@ -46,7 +47,8 @@ def one_seed(seed, args):
   out = os.path.join(args.out, str(seed))
   result = {}
   for arm, path in encoders(seed, out, args.steps).items():
-    r = runs.main_run('segmentation_fmnist.py', probe_dir(out, arm),
+    r = runs.main_run(f'segmentation_fmnist.py:{args.arm}',
+                      probe_dir(out, arm, args.arm),
                       f'--config.pretrained_path={path}',
                       f'--config.seed={seed}')
     result[arm] = r['miou'], r['pixel_accuracy']
@@ -67,16 +69,17 @@ def picture(args, path, scenes=3):
   from vit_jax.models import segmentation
   # pylint: enable=g-import-not-at-top
   out = os.path.join(args.out, '0')
-  config = segmentation_fmnist.get_config()
+  config = segmentation_fmnist.get_config(args.arm)
   info = pipeline.dataset_info(pipeline.get_builder(config), config)
   batch = next(pipeline.eval_batches(info, config, batch_size=scenes,
                                      example=segmentation_data.eval_example))
   columns = [('scene', None), ('labels', batch['segmentation'])]
   for label, arm in ARMS:
-    config = segmentation_fmnist.get_config().unlock()
+    config = segmentation_fmnist.get_config(args.arm).unlock()
     config.pretrained_path = f'{out}/{arm}/ViT-fmnist.npz'
-    task = launch.make_task(config, probe_dir(out, arm), training=False)
-    variables = files.load(f'{probe_dir(out, arm)}/ViT-fmnist.npz')
+    probe = probe_dir(out, arm, args.arm)
+    task = launch.make_task(config, probe, training=False)
+    variables = files.load(f'{probe}/ViT-fmnist.npz')
     logits = task.model.apply(variables, batch['image'])
     columns.append((label, np.argmax(segmentation.upsample(
         logits, batch['segmentation'].shape[1:]), -1)))
@@ -104,11 +107,12 @@ def main():
   parser.add_argument('--out', default='/tmp/seg_fmnist')
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=1000)
+  parser.add_argument('--arm', default='last4', help='the probe: last, last4')
   parser.add_argument('--picture', help='PNG of seed 0\'s predictions')
   args = parser.parse_args()
   results = [one_seed(seed, args) for seed in range(args.seeds)]
   print(f'{args.seeds} seeds, mean +- s.e.; encoders trained '
-        f'{args.steps} steps.\n')
+        f'{args.steps} steps; probe {args.arm}.\n')
   print('| encoder | mean IoU | runs | pixel accuracy | runs |')
   print('|---|---|---|---|---|')
   listed = lambda xs: ', '.join(f'{x:.4f}' for x in xs)
