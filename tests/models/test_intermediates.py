@@ -187,3 +187,15 @@ def test_wrappers_give_their_vits_intermediates():
   np.testing.assert_allclose(final[:, 0], out['cls'], atol=1e-6)
   with pytest.raises(ValueError, match='ResNetV2 has no forward_inter'):
     backbone.image_encoder(models.get_model('BiT-testing', num_classes=2), {})
+
+
+def test_hybrid_maps_are_on_the_resnets_grid():
+  """R+ViT: the patches of the ResNet's feature map (stride 4 here)."""
+  model = models.get_model('testing', num_classes=0, patches={'size': (1, 1)},
+                           resnet={'num_layers': (1,), 'width_factor': 1})
+  images = jnp.asarray(IMAGES[:1, :32, :32])
+  params = model.init(jax.random.PRNGKey(0), images, train=False)['params']
+  maps = model.apply({'params': params}, images,
+                     method='forward_intermediates', indices=1,
+                     intermediates_only=True)
+  assert maps[0].shape == (1, 8, 8, model.hidden_size)

@@ -78,16 +78,16 @@ class Task(base.Task):
     self.config, self.mesh = config, mesh
     self.info = info or pipeline.dataset_info(pipeline.get_builder(config),
                                               config)
+    if training:
+      encoder, params = load_encoder(config)
+    else:  # the checkpoint holds the encoder (`checkpoint`)
+      encoder, params = classification.make_model(config, None), None
     settings = config.segmentation
-    if not training:  # the checkpoint holds the encoder (`checkpoint`)
-      self.model = segmentation.LinearSegmenter(
-          classification.make_model(config, None), self.info.num_classes,
-          tuple(settings.indices), settings.norm)
-      return
-    encoder, params = load_encoder(config)
     self.model = segmentation.LinearSegmenter(
         encoder, self.info.num_classes, tuple(settings.indices),
         settings.norm)
+    if params is None:
+      return
     # On the mesh once: the step's argument and the evaluators' view.
     self.frozen = {'backbone': params}
     self.frozen = jax.device_put(self.frozen, sharding.tree_shardings(
