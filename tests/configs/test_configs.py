@@ -104,5 +104,5 @@ def test_every_trainer_is_registered():
   evaluations): every task module registered itself, once."""
   assert launch.trainers() == (
       'train', 'classification', 'distill', 'lit', 'mae', 'dino', 'navit',
-      'inference_time', 'evaluate', 'fewshot', 'zeroshot')
+      'inference_time', 'segmentation', 'evaluate', 'fewshot', 'zeroshot')
   assert registry.planned() == ('train', 'classification', 'mae')
