@@ -162,3 +162,16 @@ def test_evaluates_an_exported_probe(scenes_config, tmp_path):
   config.pretrained_path = encoder
   with pytest.raises(files.CheckpointError, match='not a segmentation probe'):
     launch.evaluate(config, str(tmp_path / 'eval2'))
+
+
+def test_bad_settings_are_named(scenes_config, tmp_path):
+  with pytest.raises(ValueError, match="Unknown arm 'last3'"):
+    segmentation_fmnist.get_config('last3')
+  config = scenes_config.copy_and_resolve_references()
+  config.pp.label = ''
+  with pytest.raises(ValueError, match="reads pp.label='segmentation_mask'"):
+    launch.train_and_evaluate(config, str(tmp_path / 'a'))
+  config = scenes_config.copy_and_resolve_references()
+  config.segmentation.indices = (5,)
+  with pytest.raises(ValueError, match=r'block indices in \[-2, 1\]'):
+    launch.train_and_evaluate(config, str(tmp_path / 'b'))
