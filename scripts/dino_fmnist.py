@@ -28,9 +28,7 @@ CONFIGS = {'dino': 'dino_fmnist.py', 'mae': 'mae_fmnist.py:pretrain',
 def one_seed(seed, args):
   """{arm: (k-NN accuracy, 10-shot linear accuracy)}."""
   out = os.path.join(args.out, str(seed))
-  seeded = [f'--config.seed={seed}', f'--config.total_steps={args.steps}',
-            f'--config.progress_every={max(args.steps // 5, 1)}',
-            '--config.checkpoint_every=0']
+  seeded = runs.seeded(seed, args.steps)
   # DINO's run ends with these evaluators; the others are evaluated after.
   results = {'dino': runs.main_run(CONFIGS['dino'], f'{out}/dino',
                                    *seeded)}

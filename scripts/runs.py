@@ -24,6 +24,14 @@ def main_run(config, workdir, *flags):
     return json.load(f)
 
 
+def seeded(seed, steps):
+  """The flags of one seed's run of `steps` steps, without periodic
+  checkpoints."""
+  return [f'--config.seed={seed}', f'--config.total_steps={steps}',
+          f'--config.progress_every={max(steps // 5, 1)}',
+          '--config.checkpoint_every=0']
+
+
 def initial_encoder(seed, path):
   """The default job's ViT without a head at initialization (the loop's
   init key for `seed`), written as .npz at `path` unless there."""

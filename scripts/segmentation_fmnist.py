@@ -28,9 +28,7 @@ CONFIGS = {'dino': 'dino_fmnist.py', 'mae': 'mae_fmnist.py:pretrain',
 
 def encoders(seed, out, steps):
   """{arm: the .npz of its encoder}, trained unless there."""
-  flags = [f'--config.seed={seed}', f'--config.total_steps={steps}',
-           f'--config.progress_every={max(steps // 5, 1)}',
-           '--config.checkpoint_every=0']
+  flags = runs.seeded(seed, steps)
   paths = {'init': runs.initial_encoder(seed, f'{out}/init/ViT-fmnist.npz')}
   for arm, config in CONFIGS.items():
     runs.main_run(config, f'{out}/{arm}', *flags)
