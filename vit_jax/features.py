@@ -22,7 +22,6 @@ model's output without its head, as the few-shot evaluator reads it; and
 """
 
 import itertools
-import sys
 
 from absl import flags
 from etils import epath
