@@ -7,7 +7,7 @@ convolution to the classes, at the patch grid. The logits are upsampled
 bilinearly to the labels' size (`upsample`) for the loss and the metrics.
 """
 
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 import flax.linen as nn
 import jax
