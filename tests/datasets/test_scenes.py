@@ -1,8 +1,10 @@
-"""Fashion-MNIST scenes: the recipe's guarantees and the offline builder."""
+"""Fashion-MNIST scenes: the recipe's guarantees, the captions of hand-made
+masks, and the offline builder."""
 
 import pathlib
 
 import numpy as np
+import pytest
 import tensorflow_datasets as tfds
 
 from vit_jax.data import local_datasets
@@ -87,6 +89,49 @@ def test_item_counts():
   assert counts == {2, 3, 4}
 
 
+def _mask(*boxes, size=40):
+  """A (size, size, 1) mask with `label` on each (label, top, left, height,
+  width) box, later boxes on top."""
+  mask = np.zeros((size, size, 1), np.uint8)
+  for label, top, left, height, width in boxes:
+    mask[top:top + height, left:left + width] = label
+  return mask
+
+
+def test_caption_orders_by_mean_x():
+  # The t-shirt (label 1) reaches further left, and the trouser has more
+  # pixels to the right of it, but the trouser's mean x is 14.5 and the
+  # t-shirt's 19.5.
+  mask = _mask((1, 0, 0, 2, 40), (2, 10, 10, 20, 10))
+  assert scenes.caption(mask) == 'a trouser to the left of a t-shirt'
+  # Three items; 'an' before the ankle boot.
+  mask = _mask((10, 0, 0, 10, 10), (9, 0, 30, 10, 10), (4, 20, 15, 10, 10))
+  assert scenes.caption(mask) == (
+      'an ankle boot to the left of a dress to the left of a bag')
+  # Two bags (label 9) count once, at their mean x (19.5, right of the coat's
+  # 17): the leftmost thing is a bag, yet the caption starts with the coat.
+  mask = _mask((9, 0, 0, 10, 5), (9, 20, 35, 10, 5), (5, 10, 15, 10, 5))
+  assert scenes.caption(mask) == 'a coat to the left of a bag'
+  assert scenes.caption(mask, [f'c{i}' for i in range(10)]) == (
+      'a c4 to the left of a c8')
+
+
+def test_caption_names_what_shows():
+  min_pixels = scenes.MIN_CAPTION_PIXELS
+  one = _mask((6, 0, 0, 1, min_pixels))
+  assert scenes.caption(one) == 'a sandal'
+  assert scenes.caption(np.zeros((8, 8, 1), np.uint8)) == 'nothing'
+  sliver = _mask((6, 0, 0, 1, min_pixels - 1))
+  assert scenes.caption(sliver) == 'nothing'
+  assert scenes.caption(sliver, min_pixels=min_pixels - 1) == 'a sandal'
+  # A sliver among items is left out.
+  mask = _mask((10, 0, 0, 10, 10), (8, 0, 30, 10, 10),
+               (6, 20, 0, 1, min_pixels - 1))
+  assert scenes.caption(mask) == 'an ankle boot to the left of a sneaker'
+  with pytest.raises(ValueError, match='label 10, but there are only 9'):
+    scenes.caption(mask, scenes.CAPTION_NAMES[:9])
+
+
 class TinyScenes(local_datasets.FashionMnistScenes, skip_registration=True):
   NUM_TRAIN = 12
   NUM_TEST = 5
@@ -110,6 +155,7 @@ def test_builder_prepares_offline(fmnist_dirs, tmp_path):
   assert builder.info.splits['train'].num_examples == 12
   assert builder.info.splits['test'].num_examples == 5
   assert builder.info.features['segmentation_mask'].num_classes == 11
+  assert str(builder.info.version) == '1.1.0'
   images = local_datasets._read_idx(f'{manual}/t10k-images-idx3-ubyte.gz')
   labels = local_datasets._read_idx(f'{manual}/t10k-labels-idx1-ubyte.gz')
   # Scene i of the test split is drawn from the rng seeded [SEED, 1, i].
@@ -117,14 +163,18 @@ def test_builder_prepares_offline(fmnist_dirs, tmp_path):
       np.random.default_rng([TinyScenes.SEED, 1, i]), images, labels,
       size=TinyScenes.SIZE, items=TinyScenes.ITEMS,
       item_sizes=TinyScenes.ITEM_SIZES)) for i in range(5)}
-  found = set()
+  found, captions = set(), set()
   for ex in tfds.as_numpy(builder.as_dataset(split='test')):
     image, mask = ex['image'], ex['segmentation_mask']
     assert image.shape == mask.shape == (56, 56, 1)
     assert image.dtype == mask.dtype == np.uint8
     assert mask.max() <= 10
     found.add(image.tobytes() + mask.tobytes())
+    # The caption is its mask's.
+    assert ex['caption'].decode() == scenes.caption(mask)
+    captions.add(ex['caption'].decode())
   assert found == expected
+  assert any(' to the left of ' in c for c in captions), captions
   # A second preparation writes the same records, byte for byte.
   again = _prepare(tmp_path / 'b', manual)
   assert _records(builder) and _records(builder) == _records(again)

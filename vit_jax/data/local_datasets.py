@@ -70,9 +70,14 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
 
 
 class FashionMnistScenes(tfds.core.GeneratorBasedBuilder):
-  """Segmentation scenes of Fashion-MNIST items (see `scenes`)."""
+  """Segmentation scenes of Fashion-MNIST items (see `scenes`), captioned."""
 
-  VERSION = tfds.core.Version('1.0.0')
+  VERSION = tfds.core.Version('1.1.0')
+  RELEASE_NOTES = {
+      '1.0.0': 'Images and segmentation masks.',
+      '1.1.0': 'A caption per scene (`scenes.caption` of its mask); images '
+               'and masks as in 1.0.0.',
+  }
   MANUAL_DOWNLOAD_INSTRUCTIONS = _FASHION_MNIST_INSTRUCTIONS
   NUM_TRAIN = 4096
   NUM_TEST = 1024
@@ -95,15 +100,19 @@ class FashionMnistScenes(tfds.core.GeneratorBasedBuilder):
             'at random, partly out of frame and covering one another, on a '
             'striped, blotchy, graded or checkered ground darker than most '
             'items. The mask is 0 on the ground and class + 1 where an item '
-            f'shows (its pixels above {scenes.FOOTPRINT_THRESHOLD}). Scene i '
-            f'of split s is drawn from np.random.default_rng([{self.SEED}, s, '
-            'i]), s = 0 for train, 1 for test; vit_jax/data/scenes.py has the '
-            'recipe.'),
+            f'shows (its pixels above {scenes.FOOTPRINT_THRESHOLD}). The '
+            'caption names the classes with at least '
+            f'{scenes.MIN_CAPTION_PIXELS} pixels of the mask, left to right '
+            'by their mean x ("a bag to the left of an ankle boot", or '
+            '"nothing"). Scene i of split s is drawn from '
+            f'np.random.default_rng([{self.SEED}, s, i]), s = 0 for train, '
+            '1 for test; vit_jax/data/scenes.py has the recipe.'),
         features=tfds.features.FeaturesDict({
             'image': tfds.features.Image(shape=shape),
             'segmentation_mask': tfds.features.LabeledImage(
                 labels=['background', *FashionMnistLocal.CLASSES],
                 shape=shape),
+            'caption': tfds.features.Text(),
         }),
     )
 
@@ -122,7 +131,8 @@ class FashionMnistScenes(tfds.core.GeneratorBasedBuilder):
       image, mask = scenes.make_scene(
           rng, images, labels, size=self.SIZE, items=self.ITEMS,
           item_sizes=self.ITEM_SIZES)
-      yield i, {'image': image, 'segmentation_mask': mask}
+      yield i, {'image': image, 'segmentation_mask': mask,
+                'caption': scenes.caption(mask, scenes.CAPTION_NAMES)}
 
 
 class Mnist5k(tfds.core.GeneratorBasedBuilder):

@@ -24,6 +24,9 @@ mask, from one `np.random.Generator` (the same state gives the same scene):
 
 Uniform draws are real-valued unless written as {a..b}; every draw comes from
 the generator in the order written here, for each item in turn.
+
+`caption` describes a scene from its mask alone ("a bag to the left of an
+ankle boot"), so it draws nothing and leaves the scenes as they are.
 """
 
 import numpy as np
@@ -31,6 +34,14 @@ from PIL import Image
 
 # Bilinear resizing smears the items' zero background into a faint halo.
 FOOTPRINT_THRESHOLD = 10
+# The smallest whole item (16 px) shows over 50 pixels (a sandal, the
+# sparsest class, at its 1st percentile), so fewer than 30 is a sliver, mostly
+# covered or out of frame, that a caption should not name (1.3% of the
+# classes that show on the test split).
+MIN_CAPTION_PIXELS = 30
+# Fashion-MNIST's classes, as a caption names them.
+CAPTION_NAMES = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat', 'sandal',
+                 'shirt', 'sneaker', 'bag', 'ankle boot')
 
 
 def make_scene(rng: np.random.Generator, images, labels, *, size=56,
@@ -59,6 +70,42 @@ def make_scene(rng: np.random.Generator, images, labels, *, size=56,
     item = np.asarray(item.resize((side, side), Image.BILINEAR))
     _paste(image, mask, item, int(labels[i]) + 1, top, left)
   return image[..., None], mask[..., None]
+
+
+def caption(mask, names=CAPTION_NAMES, min_pixels=MIN_CAPTION_PIXELS) -> str:
+  """The classes that show in `mask`, left to right, as one phrase.
+
+  "a bag", "a bag to the left of an ankle boot", "a X to the left of a Y to
+  the left of a Z", or "nothing". A class shows if at least `min_pixels` of
+  the mask are its own; classes are ordered by the mean x of their pixels. A
+  class of two items counts once, at the mean of both.
+
+  Args:
+    mask: (H, W, 1) ints, class + 1 where an item shows, 0 on the ground.
+    names: a name per class.
+    min_pixels: the fewest pixels of a class that show.
+  """
+  labels = np.asarray(mask)[..., 0]
+  if labels.max(initial=0) > len(names):
+    raise ValueError(f'The mask holds label {labels.max()}, but there are '
+                     f'only {len(names)} names.')
+  columns = np.broadcast_to(np.arange(labels.shape[1]), labels.shape)
+  pixels = np.bincount(labels.ravel(), minlength=len(names) + 1)[1:]
+  x_sums = np.bincount(labels.ravel(), columns.ravel(),
+                       minlength=len(names) + 1)[1:]
+  shown = np.flatnonzero(pixels >= max(min_pixels, 1))  # absent never shows
+  if shown.size == 0:
+    return 'nothing'
+  # A stable sort: a tie goes to the lower class.
+  left_to_right = shown[np.argsort(x_sums[shown] / pixels[shown],
+                                   kind='stable')]
+  return ' to the left of '.join(_with_article(names[c])
+                                 for c in left_to_right)
+
+
+def _with_article(name):
+  """'an' before a vowel (enough for these names), 'a' otherwise."""
+  return f'{"an" if name[0] in "aeiou" else "a"} {name}'
 
 
 def _paste(image, mask, item, label, top, left):
