@@ -52,6 +52,15 @@ def pixel_cross_entropy(logits, labels, ignore_label: int):
   return jnp.sum(per_pixel * valid) / jnp.maximum(jnp.sum(valid), 1)
 
 
+def token_cross_entropy(logits, targets, weights):
+  """Softmax cross-entropy per token, summed with `weights` and divided by
+  their sum (big_vision's `weighted_softmax_xent(normalize=True)`):
+  `logits` (batch, L, V), `targets` (batch, L) ints, `weights` (batch, L)."""
+  per_token = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), targets)
+  return jnp.sum(per_token * weights) / jnp.maximum(jnp.sum(weights), 1)
+
+
 def softmax_loss(zimg, ztxt, t, b=None):
   """Symmetric InfoNCE; `b` is ignored (a softmax is shift-invariant)."""
   del b

@@ -1,6 +1,7 @@
 """(image, caption) pairs for LiT training, as tf.data streams.
 
-Captions come from one of (`config.lit`):
+Captions come from one of (`settings(config)`: `config.lit`, or
+`config.captioning` for a captioner):
   a folder's captions file: `config.dataset` is a folder holding
     `captions.tsv`, one `relative/image/path<TAB>caption` a line;
   a tfds text feature: `text_key` names a string feature of the dataset;
@@ -47,6 +48,12 @@ def read_captions_file(folder):
   return paths, captions
 
 
+def settings(config):
+  """Where the run's caption settings are: `config.lit` (LiT) or
+  `config.captioning`."""
+  return config.lit if 'lit' in config else config.captioning
+
+
 def has_captions_file(config) -> bool:
   return bool(config.dataset) and (
       epath.Path(config.dataset) / CAPTIONS_FILE).is_file()
@@ -55,7 +62,7 @@ def has_captions_file(config) -> bool:
 def captioned_examples(config):
   """All of {'image': encoded bytes, 'caption' (or 'label' with class
   captions)}, in a fixed order."""
-  lit = config.lit
+  lit = settings(config)
   if has_captions_file(config):
     paths, captions = read_captions_file(config.dataset)
     ds = tf.data.Dataset.from_tensor_slices((paths, captions))
@@ -75,22 +82,24 @@ def captioned_examples(config):
 def check_class_captions(config):
   """Raises unless captions come from a file, a feature, or one list of
   captions per class of the training dataset."""
-  lit = config.lit
+  lit = settings(config)
   if has_captions_file(config) or lit.text_key:
     return
+  section = 'lit' if 'lit' in config else 'captioning'
   info = pipeline.dataset_info(pipeline.get_builder(config),
                                          config)
   if not lit.class_captions:
     raise ValueError('No captions: give config.dataset a folder with '
-                     f'{CAPTIONS_FILE}, or set config.lit.text_key or '
-                     'config.lit.class_captions.')
+                     f'{CAPTIONS_FILE}, or set config.{section}.text_key or '
+                     f'config.{section}.class_captions.')
   if len(lit.class_captions) != info.num_classes:
-    raise ValueError(f'config.lit.class_captions has {len(lit.class_captions)}'
-                     f' lists for the {info.num_classes} classes.')
+    raise ValueError(f'config.{section}.class_captions has '
+                     f'{len(lit.class_captions)} lists for the '
+                     f'{info.num_classes} classes.')
   empty = [i for i, c in enumerate(lit.class_captions) if not c]
   if empty:
-    raise ValueError(f'config.lit.class_captions has no captions for classes '
-                     f'{empty}.')
+    raise ValueError(f'config.{section}.class_captions has no captions for '
+                     f'classes {empty}.')
 
 
 def _class_caption(label, seed, class_captions):
@@ -121,7 +130,7 @@ def train_iterator(config, tokenizer, *, batch_size, start_step=0, rows=None):
     if caption is None:
       caption = _class_caption(
           features['label'], tf.random.experimental.stateless_fold_in(seed, 2),
-          config.lit.class_captions)
+          settings(config).class_captions)
     return {'image': pipeline.preprocess_train(image, seed, config.pp),
             'caption': caption}
 
@@ -141,7 +150,22 @@ def all_captions(config):
   """Every caption text of the training data (to fit a vocabulary)."""
   if has_captions_file(config):
     return read_captions_file(config.dataset)[1]
-  if config.lit.text_key:
+  if settings(config).text_key:
     ds = captioned_examples(config).map(lambda f: f['caption'])
     return [c.decode() for c in tfds.as_numpy(ds)]
-  return [c for captions in config.lit.class_captions for c in captions]
+  return [c for captions in settings(config).class_captions for c in captions]
+
+
+def eval_example(features, *, info, pp, text_key='', tokenizer=None):
+  """A test example (`pipeline.eval_dataset`'s `example`): the image as
+  the evaluators see it, `mask` 1, and what its references come from: the
+  tokens of its `text_key` caption ('reference'), else its class ('label',
+  an int: the class captions are the references)."""
+  image, label = pipeline.decode(features, info.channels, pp.get('label'))
+  out = {'image': pipeline.preprocess_eval(image, pp),
+         'mask': tf.constant(1.0)}
+  if text_key:
+    out['reference'] = tokenizer.preprocess_tf(features[text_key])
+  else:
+    out['label'] = tf.cast(label, tf.int32)
+  return out

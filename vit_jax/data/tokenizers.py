@@ -122,8 +122,17 @@ class SentencepieceTokenizer(_GraphForm):
                        f'{e}') from e
     self.max_len = max_len
     self.eos_token = self._sp.piece_to_id('</s>')
+    self.bos_token = self._sp.piece_to_id('<s>')  # a captioner's first input
     self.pad_token = self.eos_token
     self.vocab_size = self._sp.get_piece_size()
+
+  def decode(self, rows) -> list:
+    """The texts of token rows, each cut at its first </s>."""
+    out = []
+    for row in np.asarray(rows).tolist():
+      end = row.index(self.eos_token) if self.eos_token in row else len(row)
+      out.append(self._sp.decode(row[:end]))
+    return out
 
   def __call__(self, texts: Iterable[str]) -> np.ndarray:
     encoded = self._sp.encode(_check_texts(texts))

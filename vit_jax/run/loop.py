@@ -213,9 +213,12 @@ def export_npz(params, path):
     files.save(params, path)
 
 
-def _finish(config, workdir, params, result, seconds, evaluators):
-  """Exports the final parameters as .npz and writes `results.json`."""
-  export_npz(params, storage.join(workdir, f'{config.model_name}.npz'))
+def _finish(config, workdir, exports, result, seconds, evaluators):
+  """Exports the final parameters as .npz files (`{model_name}{suffix}.npz`
+  of the task's `exported_files`) and writes `results.json`."""
+  for suffix, params in exports.items():
+    export_npz(params, storage.join(workdir,
+                                    f'{config.model_name}{suffix}.npz'))
   write_results(config, workdir, result, step=config.total_steps,
                 seconds_since_start=seconds)
   summary = ''.join(f'{e.summary(result)}, ' for e in evaluators
@@ -301,7 +304,7 @@ def run(task, config, workdir):
   manager.close()
   writer.flush()
   if step == config.total_steps:
-    _finish(config, workdir, view(state.params), result,
+    _finish(config, workdir, task.exported_files(view(state.params)), result,
             time.perf_counter() - t_start, evaluators)
     task.finish(state.params, workdir)  # e.g. MAE's picture
   else:

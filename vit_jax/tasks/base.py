@@ -116,6 +116,12 @@ class Task:
     """`exported_model`'s part of the parameters (MAE: the encoder)."""
     return params
 
+  def exported_files(self, params):
+    """{suffix: parameters} of the `{model_name}{suffix}.npz` files that
+    the run exports, from `exported_params`' (a captioner: the encoder,
+    and its decoder beside)."""
+    return {'': params}
+
   def run(self, workdir):
     """A `standalone` task's whole run."""
     raise NotImplementedError

@@ -19,36 +19,17 @@ import jax.numpy as jnp
 
 from vit_jax import losses
 from vit_jax.checkpoints import files
-from vit_jax.checkpoints import loading
-from vit_jax.checkpoints import pretrained
 from vit_jax.data import pipeline
 from vit_jax.data import segmentation as segmentation_data
-from vit_jax.models import backbone
 from vit_jax.models import segmentation
 from vit_jax.platform import sharding
 from vit_jax.run import optim
 from vit_jax.tasks import base
 from vit_jax.tasks import classification
+from vit_jax.tasks import encoders
 from vit_jax.tasks import registry
 
 LABEL = 'segmentation_mask'  # the feature, a `data.labels` task
-
-
-def load_encoder(config):
-  """(model, parameters) of the image encoder: `pretrained_path`'s, else
-  `config.model` at initialization (the run's seed)."""
-  path = pretrained.pretrained_path(config)
-  if path:
-    model, params, _ = loading.load_model(config.model, path, config.pp.crop)
-    print(f'Probing {path}.', flush=True)
-  else:
-    model = classification.make_model(config, None)
-    key = jax.random.fold_in(jax.random.key(config.seed), 1)
-    params = model.init(key, jnp.zeros((1, config.pp.crop, config.pp.crop, 3)),
-                        train=False)['params']
-    print('Probing the encoder at initialization (no pretrained_path).',
-          flush=True)
-  return backbone.image_encoder(model, params)
 
 
 @registry.register
@@ -79,7 +60,7 @@ class Task(base.Task):
     self.info = info or pipeline.dataset_info(pipeline.get_builder(config),
                                               config)
     if training:
-      encoder, params = load_encoder(config)
+      encoder, params = encoders.load_encoder(config)
     else:  # the checkpoint holds the encoder (`checkpoint`)
       encoder, params = classification.make_model(config, None), None
     settings = config.segmentation
