@@ -80,9 +80,14 @@ def main(argv):
   return 0 if len(good) == len(paths) else 1
 
 
-if __name__ == '__main__':
+def define_flags():
   flags.DEFINE_string('checkpoint', None, "A captioning run's workdir, or "
                       'its exported .npz.')
   flags.DEFINE_integer('beam', 1, 'Beam width; 1: greedy.', lower_bound=1)
   flags.mark_flags_as_required(['checkpoint'])
+
+
+if __name__ == '__main__':
+  # Defined here, not on import, so that other modules may define theirs.
+  define_flags()
   cli.run(main)

@@ -71,12 +71,12 @@ def check_settings(config):
                      f'captioner needs one of {TOKENIZERS} (with <s>, </s>).')
 
 
-def get_tokenizer(config, workdir, fit=True):
+def get_tokenizer(config, workdir):
   """`vocab_path`'s tokenizer, else SentencePiece fitted once to the
   training captions in `{workdir}/vocab.model`."""
   s = config.captioning
   path = s.vocab_path or storage.join(workdir, 'vocab.model')
-  if fit and not s.vocab_path and not epath.Path(path).exists():
+  if not s.vocab_path and not epath.Path(path).exists():
     if jax.process_count() > 1:  # each process would fit its own
       raise ValueError('Fit the vocabulary in a one-process run, or set '
                        'config.captioning.vocab_path.')
@@ -163,17 +163,15 @@ class Task(base.Task):
   def __init__(self, config, workdir, mesh, *, training=True, info=None):
     self.config, self.workdir, self.mesh = config, workdir, mesh
     s = config.captioning
-    if info is None:  # `vit_jax.plan` builds the step without a vocabulary
-      self.tokenizer = get_tokenizer(config, workdir, fit=training)
-      vocab_size = self.tokenizer.vocab_size
-      if training:
-        caption_data.check_class_captions(config)
-    else:
-      vocab_size = s.vocab_size
-    self.special = (0, 2) if info is not None else (
-        self.tokenizer.bos_token, self.tokenizer.eos_token)
-    if not training:  # `checkpoint` builds the model of its file
+    if not training:  # `checkpoint` reads the model and vocabulary
       return
+    if info is None:
+      caption_data.check_class_captions(config)
+      self.tokenizer = get_tokenizer(config, workdir)
+      vocab_size = self.tokenizer.vocab_size
+      self.special = (self.tokenizer.bos_token, self.tokenizer.eos_token)
+    else:  # `vit_jax.plan` builds the step without data or vocabulary
+      vocab_size, self.special = s.vocab_size, (1, 2)
     encoder, self._encoder_params = encoders.load_encoder(config)
     self.model = make_captioner(encoder, s.to_dict(), vocab_size)
     self.param_labels = self._labels if s.trained == 'projector' else None
