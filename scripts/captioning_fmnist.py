@@ -1,0 +1,48 @@
+r"""The three captioning arms of configs/captioning_fmnist.py over seeds;
+prints the table of docs/captioning.md and seed 0's sample captions.
+
+  python -m vit_jax.main --config=configs/default.py --workdir=/tmp/vit_default
+  python scripts/captioning_fmnist.py --out=/tmp/captioning --seeds=3
+
+Each seed runs `cappa`, `cappa_ar` and `llava` (the default job's export
+frozen) for `--steps` steps and reads the scoring classifier's accuracy and
+the exact match, token F1 and CIDEr-D of greedy captions of the 10,000
+test images. A finished run is not repeated.
+"""
+
+import argparse
+import os
+
+import runs
+
+ARMS = ('cappa', 'cappa_ar', 'llava')
+METRICS = (('scoring accuracy', 'scoring_accuracy'),
+           ('exact match', 'exact_match'), ('token F1', 'token_f1'),
+           ('CIDEr-D', 'cider_d'))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--out', default='/tmp/captioning')
+  parser.add_argument('--seeds', type=int, default=3)
+  parser.add_argument('--steps', type=int, default=1000)
+  args = parser.parse_args()
+  results = {arm: [] for arm in ARMS}
+  for seed in range(args.seeds):  # every arm of a seed, then the next seed
+    for arm in ARMS:
+      results[arm].append(runs.main_run(
+          f'captioning_fmnist.py:{arm}', os.path.join(args.out, str(seed), arm),
+          *runs.seeded(seed, args.steps)))
+  print(f'| arm | {" | ".join(name for name, _ in METRICS)} |')
+  print('|---|' + '---|' * len(METRICS))
+  for arm, rs in results.items():
+    cells = [runs.mean_se([r[key] for r in rs]) for _, key in METRICS]
+    print(f'| {arm} | {" | ".join(cells)} |')
+  for arm, rs in results.items():
+    print(f'\n{arm}, seed 0:')
+    for sample in rs[0]['samples']:
+      print(f'  {sample["caption"]!r} (a reference: {sample["reference"]!r})')
+
+
+if __name__ == '__main__':
+  main()
