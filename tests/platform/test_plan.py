@@ -181,3 +181,21 @@ def test_fit_finds_the_largest_multiple_of_eight(monkeypatch):
           tried.append(b), (2.0, (None, None, None)))[1])
   batch, _ = plan.fit_batch(None, None, None, chip, start=32)
   assert batch == 136
+
+
+@needs_libtpu
+def test_captioning_step_lowers_for_a_slice():
+  """The captioner's step (encoder, decoder, parallel prediction) on a
+  v5e:2x2 mesh, lowered as plan compiles it (the compile itself, 84 s here,
+  is docs/captioning.md's)."""
+  from vit_jax import tpu_slices  # pylint: disable=g-import-not-at-top
+  from vit_jax.configs import captioning_fmnist  # pylint: disable=g-import-not-at-top
+  config = captioning_fmnist.get_config('cappa')
+  devices = tpu_slices.topology_devices('v5e:2x2')
+  lowered, state, data = plan._lowered_step(
+      config, devices, plan.dataset_info(config, num_classes=10))
+  assert data == 4
+  assert 'text' in state.params and 'encoder' in state.params
+  text = lowered.as_text()
+  assert 'mhlo.num_partitions = 4' in text
+  assert 'tensor<128x16xi32>' in text  # the global batch of captions
