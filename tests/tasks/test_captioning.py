@@ -40,7 +40,6 @@ def _config(arm, fmnist_dirs, encoder=None, evals=True):
   config.pretrained_path = encoder
   config.captioning.decoder = dict(width=16, num_layers=1, num_heads=2,
                                    mlp_dim=32, remat=False, dtype='float32')
-  config.captioning.max_len = 8
   config.captioning.block = -1  # the testing ViT has one block
   config.captioning.vocab_size = 64
   config.update(total_steps=6, warmup_steps=1, batch=8, batch_eval=16,
@@ -195,7 +194,8 @@ def test_bad_settings_are_named(fmnist_dirs, tmp_path):
       (dict(connector='film'), "connector='film'"),
       (dict(connector='prefix', masked_pred_prob=0.5), 'CapPa'),
       (dict(trained='projector'), 'decoder_init'),
-      (dict(tokenizer='bert'), 'needs one of')):
+      (dict(tokenizer='bert'), 'needs one of'),
+      (dict(max_len=8), 'max_len=8 cuts captions of 19 tokens')):
     config = _config('cappa', fmnist_dirs)
     config.captioning.update(change)
     with pytest.raises(ValueError, match=message):

@@ -86,6 +86,18 @@ def get_tokenizer(config, workdir):
   return tokenizers.get_tokenizer(s.tokenizer, path, s.max_len)
 
 
+def check_lengths(config, tokenizer):
+  """Raises if the tokenizer cuts a class caption (and its </s>)."""
+  texts = [c for cs in config.captioning.class_captions or () for c in cs]
+  if config.captioning.text_key or not texts:
+    return  # a dataset's captions are many: not read here
+  longest = max(tokenizer.lengths(texts)) + 1
+  if longest > tokenizer.max_len:
+    raise ValueError(f'config.captioning.max_len={tokenizer.max_len} cuts '
+                     f'captions of {longest} tokens with their </s>: set it '
+                     f'to at least {longest}.')
+
+
 def make_captioner(encoder, settings, vocab_size):
   """The Captioner of `config.captioning` on the `encoder` module."""
   return captioning.Captioner(
@@ -168,6 +180,7 @@ class Task(base.Task):
     if info is None:
       caption_data.check_class_captions(config)
       self.tokenizer = get_tokenizer(config, workdir)
+      check_lengths(config, self.tokenizer)
       vocab_size = self.tokenizer.vocab_size
       self.special = (self.tokenizer.bos_token, self.tokenizer.eos_token)
     else:  # `vit_jax.plan` builds the step without data or vocabulary
