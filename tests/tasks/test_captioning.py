@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 import pytest
+import tensorflow_datasets as tfds
 
 from tests.models import test_captioning as model_tests
 from vit_jax import launch
@@ -23,6 +24,8 @@ from vit_jax.checkpoints import files
 from vit_jax.configs import captioning_fmnist
 from vit_jax.configs import common
 from vit_jax.data import captions as caption_data
+from vit_jax.data import local_datasets
+from vit_jax.data import scenes
 from vit_jax.evaluators import captioning as captioning_eval
 from vit_jax.run import loop
 
@@ -202,3 +205,23 @@ def test_bad_settings_are_named(fmnist_dirs, tmp_path):
       launch.train_and_evaluate(config, str(tmp_path / 'bad'))
   assert not os.path.exists(tmp_path / 'bad')
 
+
+
+def test_scene_captions_are_the_references(fmnist_dirs, tmp_path,
+                                           monkeypatch):
+  """',scenes': captions of the dataset's `caption` feature, as the
+  evaluator decodes them back from the test examples' tokens."""
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
+  config = _config('cappa,scenes', fmnist_dirs)
+  config.tfds_data_dir = str(tmp_path / 'tfds')
+  config.pp.crop = 32
+  config.update(total_steps=2, checkpoint_every=0)
+  workdir = str(tmp_path / 'run')
+  launch.train_and_evaluate(config, workdir)
+  results = json.load(open(os.path.join(workdir, 'results.json')))
+  assert results['count'] == 10 and 'scoring_accuracy' not in results
+  builder = local_datasets.FashionMnistScenes(data_dir=config.tfds_data_dir)
+  want = [scenes.caption(x['segmentation_mask']) for x in
+          tfds.as_numpy(builder.as_dataset(split='test'))][:8]
+  assert [s['reference'] for s in results['samples']] == want
