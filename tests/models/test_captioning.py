@@ -155,3 +155,28 @@ def test_beam_search_equals_brute_force(connector):
   np.testing.assert_allclose(scores, [s for s, _ in best], rtol=1e-5)
   np.testing.assert_array_equal(tokens, [t for _, t in best])
   np.testing.assert_array_equal(greedy, one)
+
+
+def test_remat_and_bfloat16_keep_the_parameters_and_the_result():
+  model = _captioner('cross_attention')
+  params, images = _init(model)
+  tokens = jnp.array([[BOS, 3, 4, 3]] * 3)
+
+  def loss(model, params):
+    logits = model.apply({'params': params}, images, tokens)
+    return captioning.log_likelihood(logits, tokens, EOS).sum()
+
+  grads = jax.jit(jax.grad(functools.partial(loss, model)))(params)
+  for settings in (dict(remat=True), dict(dtype='bfloat16')):
+    other = model.clone(decoder={**model.decoder, **settings})
+    other_grads = jax.jit(jax.grad(functools.partial(loss, other)))(params)
+    tol = 1e-5 if 'remat' in settings else 0.1
+    for a, b in zip(jax.tree.leaves(grads['text']),
+                    jax.tree.leaves(other_grads['text'])):
+      np.testing.assert_allclose(a, b, atol=tol * (1 + np.abs(a).max()))
+  # Decoding a remat model runs its blocks plainly (the cache's shapes).
+  decoded = jax.jit(functools.partial(
+      decoding.captions, model.clone(decoder={**model.decoder,
+                                              'remat': True}),
+      bos=BOS, eos=EOS, max_len=4))(params, images)
+  assert decoded.shape == (3, 4)

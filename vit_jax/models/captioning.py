@@ -151,7 +151,9 @@ class TextDecoder(nn.Module):
     mask = attention_mask(query_pos, key_pos, seen)[None]
     if parallel is not None:
       mask = mask | parallel[:, None, None]
-    block = nn.remat(DecoderBlock) if self.remat else DecoderBlock
+    # Decoding keeps no activations for a backward pass: no remat.
+    remat = self.remat and cache_len is None
+    block = nn.remat(DecoderBlock) if remat else DecoderBlock
     for i in range(self.num_layers):
       x = block(self.num_heads, self.mlp_dim, dtype, name=f'block{i}')(
           x, memory, mask, cache_len, start)
