@@ -25,8 +25,10 @@ def _apply(npz, side, name='Swin-testing', mutable=False):
   model = models.get_model(name, num_classes=10)
   params = files.load(npz)
   images = GOLDEN['images'][:, :side, :side]
-  return model.apply({'params': params}, images, train=False,
-                     mutable=['intermediates'] if mutable else False)
+  # Jitted: Swin's windows take seconds op by op.
+  return jax.jit(lambda p, x: model.apply(
+      {'params': p}, x, train=False,
+      mutable=['intermediates'] if mutable else False))(params, images)
 
 
 @pytest.fixture(scope='module')

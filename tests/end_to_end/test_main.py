@@ -26,7 +26,7 @@ def _main_command(workdir, fmnist_dirs, total_steps):
           f'--workdir={workdir}', f'--config.tfds_manual_dir={manual}',
           f'--config.tfds_data_dir={data}', '--config.batch=32',
           f'--config.total_steps={total_steps}', '--config.warmup_steps=5',
-          '--config.checkpoint_every=20', '--config.progress_every=10',
+          '--config.checkpoint_every=10', '--config.progress_every=10',
           '--config.evals.test.every=0', '--config.shuffle_buffer=100',
           # One block: resuming does not depend on the depth.
           '--config.model.transformer.num_layers=1']
@@ -36,7 +36,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   """The README's promise, end to end: SIGKILL mid-run, same command again."""
   root = helpers.ROOT
   env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)  # one device, as a user has
-  steps = 100  # killed at 50, resumed from the checkpoint of step 40
+  steps = 40  # killed at 20, resumed from the checkpoint of step 10
   subprocess.run(_main_command(tmp_path / 'ref', fmnist_dirs, steps),
                  check=True, cwd=root, env=env, capture_output=True,
                  timeout=300)
@@ -45,7 +45,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   proc = subprocess.Popen(command, cwd=root, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
   for line in proc.stdout:
-    if line.startswith('[50/'):
+    if line.startswith('[20/'):
       proc.kill()  # SIGKILL: no chance to save anything
       break
   proc.wait(timeout=60)
@@ -53,7 +53,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   rerun = subprocess.run(command, check=True, cwd=root, env=env,
                          capture_output=True, text=True, timeout=300)
   assert 'Resuming from step ' in rerun.stdout
-  assert 'Done: 100 steps' in rerun.stdout
+  assert 'Done: 40 steps' in rerun.stdout
 
   helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
                            tmp_path / 'ref' / 'ViT-fmnist.npz')

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -223,8 +224,9 @@ def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
       dict(_recorded_model(name, npz), model_name=name), npz, size=crop)
   ref_params.pop('head', None)
   images = _normalized_test_images(config, 8, normalization)
-  ref = ref_model.clone(num_classes=0).apply(
-      {'params': ref_params}, images, train=False)
+  # Jitted: Swin's windows take seconds op by op.
+  ref = jax.jit(lambda p, x: ref_model.clone(num_classes=0).apply(
+      {'params': p}, x, train=False))(ref_params, images)
   assert size == crop and feats.shape[1] == ref.shape[1]
   np.testing.assert_allclose(feats[:8], ref, rtol=1e-4, atol=1e-4)
 

@@ -18,6 +18,7 @@ import scipy.special
 import tensorflow as tf
 
 from tests import helpers
+from tests.conftest import FAST_COMPILE
 from vit_jax.checkpoints import files
 from vit_jax import losses
 from vit_jax import launch
@@ -451,7 +452,10 @@ def _command(workdir, fmnist_dirs, steps):
 
 
 def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  # One device, and the suite's fast compilation (the three runs compile
+  # alike: what is compared does not depend on how).
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1 '
+             f'{FAST_COMPILE}')
   steps = 12  # killed at 10, resumed from a checkpoint before
   subprocess.run(_command(tmp_path / 'ref', fmnist_dirs, steps), check=True,
                  cwd=ROOT, env=env, capture_output=True, timeout=300)

@@ -10,6 +10,8 @@ from tests.conftest import make_tiny_config
 from vit_jax import launch
 from vit_jax.tasks import distillation
 
+pytestmark = pytest.mark.xdist_group('distillation')  # one `teacher` run
+
 
 def _log_softmax(x):
   x = x - x.max(-1, keepdims=True)
