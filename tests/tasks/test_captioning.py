@@ -217,6 +217,7 @@ def test_scene_captions_are_the_references(fmnist_dirs, tmp_path,
   config = _config('cappa,scenes', fmnist_dirs)
   config.tfds_data_dir = str(tmp_path / 'tfds')
   config.pp.crop = 32
+  config.pp.test = 'test'
   config.update(total_steps=2, checkpoint_every=0)
   workdir = str(tmp_path / 'run')
   launch.train_and_evaluate(config, workdir)
