@@ -198,4 +198,4 @@ def test_captioning_step_lowers_for_a_slice():
   assert 'text' in state.params and 'encoder' in state.params
   text = lowered.as_text()
   assert 'mhlo.num_partitions = 4' in text
-  assert 'tensor<128x16xi32>' in text  # the global batch of captions
+  assert 'tensor<128x24xi32>' in text  # the global batch of captions

@@ -30,7 +30,8 @@ def test_task_registered_twice_is_refused():
 def test_evaluators():
   assert evaluators.feature_types() == ('fewshot', 'knn')
   assert evaluators.config_types() == ('classification', 'fewshot', 'knn',
-                                       'zeroshot', 'segmentation')
+                                       'zeroshot', 'segmentation', 'captioning',
+                                       'scoring')
   assert {'navit_packed', 'navit_resized'} <= set(evaluators.EVALUATORS)
 
   with pytest.raises(ValueError, match="'knn' is registered twice"):
