@@ -20,12 +20,15 @@ import os
 
 from etils import epath
 from etils import epy
+import jax
 import tensorflow_datasets as tfds
 
 with epy.lazy_imports():  # TensorFlow loads when first used
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+from vit_jax.checkpoints import storage
 from vit_jax.data import pipeline
+from vit_jax.data import tokenizers
 
 CAPTIONS_FILE = 'captions.tsv'
 
@@ -144,6 +147,23 @@ def train_iterator(config, tokenizer, *, batch_size, start_step=0, rows=None):
   ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(local_batch, drop_remainder=True).map(tokenize)
   return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+
+
+def vocabulary(config, workdir, vocab_size, fit=True):
+  """The run's vocabulary file: the caption settings' `vocab_path`, else
+  `{workdir}/vocab.model`, SentencePiece fitted once to the training
+  captions (with `fit`)."""
+  given = settings(config).vocab_path
+  path = given or storage.join(workdir, 'vocab.model')
+  if fit and not given and not epath.Path(path).exists():
+    if jax.process_count() > 1:  # each process would fit its own
+      section = 'lit' if 'lit' in config else 'captioning'
+      raise ValueError('Fit the vocabulary in a one-process run, or set '
+                       f'config.{section}.vocab_path, for a multi-process '
+                       'run.')
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    tokenizers.train_sentencepiece(all_captions(config), path, vocab_size)
+  return path
 
 
 def all_captions(config):

@@ -75,14 +75,7 @@ def get_tokenizer(config, workdir):
   """`vocab_path`'s tokenizer, else SentencePiece fitted once to the
   training captions in `{workdir}/vocab.model`."""
   s = config.captioning
-  path = s.vocab_path or storage.join(workdir, 'vocab.model')
-  if not s.vocab_path and not epath.Path(path).exists():
-    if jax.process_count() > 1:  # each process would fit its own
-      raise ValueError('Fit the vocabulary in a one-process run, or set '
-                       'config.captioning.vocab_path.')
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    tokenizers.train_sentencepiece(caption_data.all_captions(config), path,
-                                   s.vocab_size)
+  path = caption_data.vocabulary(config, workdir, s.vocab_size)
   return tokenizers.get_tokenizer(s.tokenizer, path, s.max_len)
 
 
@@ -293,7 +286,8 @@ class Task(base.Task):
       return
     npz = storage.join(workdir, f'{self.config.model_name}.npz')
     s = self.config.captioning
-    vocab = s.vocab_path or storage.join(workdir, 'vocab.model')
+    vocab = caption_data.vocabulary(self.config, workdir, s.vocab_size,
+                                    fit=False)
     files.beside(npz, 'vocab.model').write_bytes(
         epath.Path(vocab).read_bytes())
     storage.write_json(str(files.beside(npz, 'captioner.json')), {

@@ -56,18 +56,14 @@ def get_tokenizer(config, workdir, fit=True):
   """The configured vocabulary; without one, SentencePiece fitted to the
   training captions once (`fit`), in `{workdir}/vocab.model`."""
   path = config.lit.vocab_path or storage.join(workdir, 'vocab.model')
-  if fit and not config.lit.vocab_path and not epath.Path(path).exists():
-    if config.model.pp.tokenizer_name != 'sentencepiece':
-      raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
-                       'set config.lit.vocab_path to the tokenizer file (a '
-                       'BERT vocab.txt, CLIP tokenizer.json or SigLIP '
-                       'spiece.model).')
-    if jax.process_count() > 1:  # each process would fit its own
-      raise ValueError('Fit the vocabulary in a one-process run, or set '
-                       'config.lit.vocab_path, for a multi-process run.')
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    tokenizers.train_sentencepiece(caption_data.all_captions(config), path,
-                                   config.model.text.vocab_size)
+  if fit and not config.lit.vocab_path and not epath.Path(path).exists() and (
+      config.model.pp.tokenizer_name != 'sentencepiece'):
+    raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
+                     'set config.lit.vocab_path to the tokenizer file (a '
+                     'BERT vocab.txt, CLIP tokenizer.json or SigLIP '
+                     'spiece.model).')
+  path = caption_data.vocabulary(config, workdir,
+                                 config.model.text.get('vocab_size'), fit)
   tokenizer = tokenizers.get_tokenizer(config.model.pp.tokenizer_name, path,
                                        config.model.pp.max_len)
   text = config.model.text
