@@ -18,6 +18,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests.models import test_captioning as model_tests
+from vit_jax import caption
 from vit_jax import launch
 from vit_jax import losses
 from vit_jax.checkpoints import files
@@ -28,6 +29,7 @@ from vit_jax.data import local_datasets
 from vit_jax.data import scenes
 from vit_jax.evaluators import captioning as captioning_eval
 from vit_jax.run import loop
+from vit_jax.tasks import captioning as captioning_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 pytestmark = pytest.mark.xdist_group('captioning')
@@ -110,12 +112,20 @@ def test_cappa_runs_exports_and_captions(cappa_run, fmnist_dirs, tmp_path):
   # The command line, on a workdir and on the .npz.
   image = tmp_path / 'item.png'
   Image.fromarray(np.full((28, 28), 200, np.uint8)).save(image)
+  broken = tmp_path / 'broken.png'
+  broken.write_text('not an image')
   out = subprocess.run(
       [sys.executable, '-m', 'vit_jax.caption', f'--checkpoint={cappa_run}',
-       '--beam=3', str(image)], cwd=ROOT, capture_output=True, text=True,
-      timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.startswith(f'{image}: ')
+       '--beam=3', str(image), str(broken)], cwd=ROOT, capture_output=True,
+      text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  # The good image is captioned; the broken one named on stderr, exit 1.
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert out.stdout.startswith(f'{image}: ') and str(broken) not in out.stdout
+  assert f'{broken}: error: cannot identify image file' in out.stderr
+  with pytest.raises(FileNotFoundError, match='not found'):
+    caption.export(str(tmp_path / 'absent'))
+  with pytest.raises(files.CheckpointError, match='not a captioner export'):
+    captioning_task.load_captioner(str(image))
   # trainer='evaluate' on the export: the run's metrics.
   config = _config('cappa', fmnist_dirs)
   config.trainer, config.pretrained_path = 'evaluate', npz
