@@ -14,17 +14,23 @@ crops of 28 px (4x4 tokens) and 4 local crops of 14 px (2x2).
       --config.dino.centering=sinkhorn
 
 Arms: 'dino' (DINO + iBOT + KoLeo, default); 'dino_v1' (the class-token
-loss alone, as DINO). The encoder it exports fine-tunes through
-`pretrained_path` with configs/mae_fmnist.py:finetune. docs/dino.md has the
-table it enters.
+loss alone, as DINO); 'finetune': configs/mae_fmnist.py:finetune with the
+layer-wise learning-rate decay of DINO's and BEiT's fine-tuning (0.65),
+from `pretrained_path`:
+
+  python -m vit_jax.main --config=configs/dino_fmnist.py:finetune \
+      --config.pretrained_path=/tmp/dino/ViT-fmnist.npz --workdir=/tmp/d_ft
+
+docs/dino.md has the table it enters.
 """
 
 import ml_collections
 
 from vit_jax.configs import common
 from vit_jax.configs import default
+from vit_jax.configs import mae_fmnist
 
-ARMS = ('dino', 'dino_v1')
+ARMS = ('dino', 'dino_v1', 'finetune')
 
 
 def dino_settings() -> ml_collections.ConfigDict:
@@ -68,6 +74,10 @@ def knn_and_fewshot():
 def get_config(arm: str = 'dino') -> ml_collections.ConfigDict:
   if arm not in ARMS:
     raise ValueError(f'Unknown arm {arm!r}; expected one of {ARMS}.')
+  if arm == 'finetune':
+    config = mae_fmnist.get_config('finetune').unlock()
+    config.layer_decay = 0.65
+    return config.lock()
   config = default.get_config().unlock()
   config.trainer = 'dino'
   config.dino = dino_settings()

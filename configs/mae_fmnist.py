@@ -7,7 +7,8 @@ on the labeled 10% (configs/deit_fmnist.py's split), offline.
             encoder as `ViT-fmnist.npz`, `mae_reconstructions.png`, and
             its 10-shot linear accuracy (shots from the labeled 10%).
   finetune: deit_fmnist.py's 'plain' arm (6,000 labeled images, 1,500
-            steps) from `pretrained_path`; without one, from scratch.
+            steps) from `pretrained_path`, with MAE's layer-wise
+            learning-rate decay 0.75; without a path, from scratch.
 
   python -m vit_jax.main --config=configs/mae_fmnist.py --workdir=/tmp/mae
   python -m vit_jax.main --config=configs/mae_fmnist.py:finetune \
@@ -61,4 +62,5 @@ def get_config(arm: str = 'pretrain') -> ml_collections.ConfigDict:
   config.evals.test.every = 0  # at the end
   config.evals.fewshot = fewshot_10()  # trainer='fewshot' runs it
   config.checkpoint_every = 0
+  config.layer_decay = 0.75  # MAE's fine-tuning (docs/recipes.md)
   return config.lock()

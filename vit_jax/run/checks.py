@@ -28,6 +28,10 @@ def validate(config, num_devices_data: int):
   if config.optimizer == 'sgd' and config.weight_decay:
     raise ValueError(f'config.weight_decay={config.weight_decay} needs '
                      "optimizer='adamw'; SGD has none (set it to 0).")
+  decay = config.get('layer_decay')
+  if decay is not None and not 0 < decay <= 1:
+    raise ValueError(f'config.layer_decay={decay} must be in (0, 1]; None '
+                     'turns it off.')
   if config.total_steps <= 0 or config.warmup_steps < 0:
     raise ValueError(f'Need total_steps ({config.total_steps}) > 0 and '
                      f'warmup_steps ({config.warmup_steps}) >= 0.')
