@@ -10,3 +10,4 @@ from vit_jax.evaluators import zeroshot
 from vit_jax.evaluators import navit
 from vit_jax.evaluators import segmentation
 from vit_jax.evaluators import captioning
+from vit_jax.evaluators import codebook

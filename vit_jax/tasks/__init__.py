@@ -12,3 +12,4 @@ from vit_jax.tasks import navit
 from vit_jax.tasks import inference_time
 from vit_jax.tasks import segmentation
 from vit_jax.tasks import captioning
+from vit_jax.tasks import beit
