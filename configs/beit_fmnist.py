@@ -61,7 +61,7 @@ def beit_settings(kind: str) -> ml_collections.ConfigDict:
           commitment=0.25,
           restart_threshold=0.03,  # of a uniform share; 0: no restarts
           temperature=(1.0, 1 / 16),  # dVAE's Gumbel-softmax, annealed
-          kl_weight=0.01)))  # dVAE's KL to the uniform prior
+          kl_weight=0.1)))  # dVAE's KL to the uniform prior (0.01: fewer codes used)
 
 
 def get_config(arm: str = 'vqkd') -> ml_collections.ConfigDict:
