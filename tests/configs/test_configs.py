@@ -104,7 +104,7 @@ def test_every_trainer_is_registered():
   evaluations): every task module registered itself, once."""
   assert launch.trainers() == (
       'train', 'classification', 'distill', 'lit', 'mae', 'dino', 'navit',
-      'inference_time', 'segmentation', 'captioning', 'evaluate', 'fewshot',
-      'zeroshot')
+      'inference_time', 'segmentation', 'captioning', 'beit_tokenizer', 'beit',
+      'evaluate', 'fewshot', 'zeroshot')
   assert registry.planned() == ('train', 'classification', 'mae',
                                 'captioning')

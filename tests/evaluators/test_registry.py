@@ -13,7 +13,7 @@ from vit_jax.tasks import classification
 @pytest.mark.parametrize('key,value,match', [
     ('type', 'regression', "config.evals.test.type='regression'; expected "
      "one of \\('classification', 'fewshot', 'knn', 'zeroshot', "
-     "'segmentation', 'captioning', 'scoring'\\)"),
+     "'segmentation', 'captioning', 'scoring', 'codebook'\\)"),
     ('every', -1, r'config.evals.test.every=-1: expected a number of steps'),
 ])
 def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):
@@ -23,8 +23,8 @@ def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):
 
 
 def test_unknown_trainer(tiny_config, tmp_path):
-  tiny_config.trainer = 'beit'
-  with pytest.raises(ValueError, match="config.trainer='beit'; expected"):
+  tiny_config.trainer = 'ibot'
+  with pytest.raises(ValueError, match="config.trainer='ibot'; expected"):
     launch.train_and_evaluate(tiny_config, str(tmp_path))
 
 
