@@ -23,7 +23,10 @@ from typing import Any, Dict
 import numpy as np
 
 from vit_jax.convert import eva as convert_eva
+from vit_jax.convert.timm_config import check_settings
+from vit_jax.convert.timm_config import read_settings
 from vit_jax.convert.timm_config import SIZES  # BEiT's sizes are the ViT's
+from vit_jax.convert.timm_config import unsupported
 
 Flat = Dict[str, np.ndarray]
 
@@ -65,34 +68,20 @@ def _architecture_args(name: str) -> Dict[str, Any]:
               init_values=0.1 if match[0].startswith('beit_base') else 1e-5)
 
 
-def _unsupported(key, value, why) -> ValueError:
-  return ValueError(f'timm setting {key}={value!r} is not supported by '
-                    f'vit_jax: {why}.')
-
-
 def beit_settings(config: Dict[str, Any]) -> Dict[str, Any]:
   """The arguments timm's Beit got, from its config.json."""
-  settings = dict(_DEFAULTS, **_architecture_args(config['architecture']))
-  if 'global_pool' in config:
-    settings['global_pool'] = config['global_pool']
-  settings.update(config.get('model_args') or {})
+  settings = read_settings(config, _DEFAULTS, _architecture_args)
   # Beit has LayerScale where init_values is truthy.
   settings['init_values'] = settings['init_values'] or None
   return settings
 
 
 def _check_known(settings) -> None:
-  for key, value in settings.items():
-    if key in _FIXED:
-      if value != _FIXED[key][0]:
-        raise _unsupported(key, value, _FIXED[key][1])
-    elif key not in _DEFAULTS and key not in _INERT:
-      raise _unsupported(key, value, 'vit_jax.convert does not know what it '
-                         'changes')
+  check_settings(settings, _FIXED, set(_DEFAULTS) | _INERT)
   if settings['use_rel_pos_bias'] and settings['use_shared_rel_pos_bias']:
-    raise _unsupported('use_shared_rel_pos_bias', True, 'beside '
-                       "use_rel_pos_bias: vit_jax's blocks have their own "
-                       'table or a shared one, not both')
+    raise unsupported('use_shared_rel_pos_bias', True, 'beside '
+                      "use_rel_pos_bias: vit_jax's blocks have their own "
+                      'table or a shared one, not both')
 
 
 def _pooling(settings) -> Dict[str, Any]:
@@ -104,8 +93,8 @@ def _pooling(settings) -> Dict[str, Any]:
   if pool == 'token':
     # fc_norm on the class token alone is the final norm on every token.
     return {'classifier': 'token', 'fc_norm': False}
-  raise _unsupported('global_pool', pool, "vit_jax converts Beit's 'avg' "
-                     "and 'token' pooling")
+  raise unsupported('global_pool', pool, "vit_jax converts Beit's 'avg' "
+                    "and 'token' pooling")
 
 
 def beit_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:

@@ -104,8 +104,6 @@ def read_timm(path: str) -> Flat:
   return {k: v.float().numpy() for k, v in state.items()}
 
 
-
-
 def locate(src: str):
   """(weights file, its config.json or None) of a file or a timm folder."""
   if os.path.isdir(src):
@@ -158,9 +156,8 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
                    transform=dict(config.get('pretrained_cfg') or {}))
 
 
-# timm's model classes that vit_jax computes as its ViT: their settings from
-# config.json, vit_jax's model config of those, their state dict in timm
-# ViT's names.
+# timm's model classes computed as a ViT: config.json's settings, vit_jax's
+# model config of them, the state dict in timm ViT's names.
 _LAYOUTS = {
     'vit': (timm_settings, vit_overrides, lambda state: state),
     'eva': (convert_eva.eva_settings, convert_eva.eva_overrides,
@@ -172,12 +169,10 @@ _LAYOUTS = {
 
 def _from_vit(state: Flat, settings, weights: str, model_name, *,
               layout='vit', family=None, transform=None) -> Source:
-  """timm's ViT (Eva, Beit: `layout`) state dict, computing as `settings`
-  say."""
-  _, to_overrides, to_vit_state = _LAYOUTS[layout]
-  overrides = to_overrides(settings)
+  """timm's ViT (Eva, Beit) state dict, computing as `settings` say."""
+  overrides = _LAYOUTS[layout][1](settings)
   _check_width(settings, state, weights)
-  state = to_vit_state(state)
+  state = _LAYOUTS[layout][2](state)
   state = _fc_norm_as_final(state, overrides['classifier'] in (
       'token', 'distilled') and (uses_fc_norm(settings) if layout == 'vit'
                                  else 'fc_norm.weight' in state))

@@ -193,7 +193,8 @@ def missing_keys(flat: Flat, *, patch_bias: bool = True,
   need = ['embedding/kernel', f'{norm}/scale', f'{norm}/bias']
   need += ['embedding/bias'] if patch_bias else []
   need += ['Transformer/posembed_input/pos_embedding'] if position_table else []
-  need += ['Transformer/relative_bias/table'] if relative_bias == 'shared' else []
+  if relative_bias == 'shared':
+    need.append('Transformer/relative_bias/table')
   blocks = {m[1] for k in flat
             for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
   leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')

@@ -367,8 +367,8 @@ class Encoder(nn.Module):
               rope=None, bias=None, take=(), depth=None):
     """The first `depth` blocks (default all), unrolled or scanned, with
     remat if asked: (output, [outputs of the blocks `take`]); `mask`,
-    `rope` and `bias` as `Encoder1DBlock`'s. Scanned, the stacked parameters are cut
-    to the blocks that run."""
+    `rope` and `bias` as `Encoder1DBlock`'s. Scanned, the stacked
+    parameters are cut to the blocks that run."""
     depth = self.num_layers if depth is None else depth
     if not 0 <= depth <= self.num_layers or any(i >= depth for i in take):
       raise ValueError(f'Blocks {tuple(take)} of the first {depth}: the '
