@@ -20,7 +20,19 @@ writes into tests/data:
   `resize_rel_pos_bias_table` as resize/OLD_NEW/{old,new} (grids); and
   timm's parameter count of each testing preset's model at 224 px with a
   1000-class head as count/PRESET.
+
+With --full_size DIR it writes instead the real-size models of FULL (timm's
+own init, every parameter then shifted by N(0, 0.02)) with their logits on
+224 px images in DIR/golden.npz, and BEiT-B/16's at 384 px through timm's
+checkpoint filter, for a check outside CI (--architectures: some of FULL,
+where the disk holds less: each is 4 bytes a parameter, and its conversion
+as much again):
+
+  python scripts/make_beit_golden.py --full_size /tmp/beit_full
+  VIT_JAX_BEIT_FULL=/tmp/beit_full pytest tests/convert/test_beit.py -k full
 """
+
+import argparse
 
 import os
 import shutil
@@ -53,13 +65,14 @@ COUNTS = {'BEiT-testing': 'beit_base_patch16_224',
 RESIZES = {'4_6': ((4, 4), (6, 6)), '4_3': ((4, 4), (3, 3)),
            '4_4x6': ((4, 4), (4, 6))}
 SIDE, RESIZED = 48, 64
+FULL = ('beit_base_patch16_224', 'beit_large_patch16_224',
+        'beitv2_base_patch16_224')
 
 
-def _resized(architecture, state, kwargs):
-  """timm's model at RESIZED px with `state` loaded as timm loads a
+def _resized(architecture, state, kwargs, side=RESIZED):
+  """timm's model at `side` px with `state` loaded as timm loads a
   checkpoint made at another size."""
-  model = timm.create_model(architecture, img_size=RESIZED,
-                            **dict(TESTING, **kwargs)).eval()
+  model = timm.create_model(architecture, img_size=side, **kwargs).eval()
   model.load_state_dict(timm.models.beit.checkpoint_filter_fn(state, model))
   return model
 
@@ -90,7 +103,8 @@ def main():
     timm.models.save_for_hf(model, os.path.join(folder, name),
                             safe_serialization=True)
     golden[f'{name}_{RESIZED}'] = _outputs(
-        _resized(architecture, model_state(name, folder), kwargs), images)
+        _resized(architecture, model_state(name, folder),
+                 dict(TESTING, **kwargs)), images)
   for preset, architecture in COUNTS.items():
     full = timm.create_model(architecture, img_size=224, num_classes=1000,
                              **TESTING)
@@ -101,5 +115,32 @@ def main():
   print('wrote', folder, sorted(golden))
 
 
+def write_full_size(folder, architectures=FULL):
+  torch.manual_seed(0)
+  shutil.rmtree(folder, ignore_errors=True)
+  golden = {'images224': _images(224), 'images384': _images(384)}
+  for architecture in architectures:
+    model = timm.create_model(architecture).eval()
+    _shift(model, 0.02)
+    golden[architecture] = _outputs(model, golden['images224'])
+    timm.models.save_for_hf(model, os.path.join(folder, architecture),
+                            safe_serialization=True)
+  base = FULL[0]
+  if base in architectures:
+    golden[f'{base}_384'] = _outputs(
+        _resized(base, model_state(base, folder), {}, 384),
+        golden['images384'])
+  np.savez(os.path.join(folder, 'golden.npz'), **golden)
+  print('wrote', folder, sorted(golden))
+
+
 if __name__ == '__main__':
-  main()
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--full_size', help='folder for the real-size check')
+  parser.add_argument('--architectures', nargs='+', default=FULL,
+                      choices=FULL, help='of the real-size models')
+  args = parser.parse_args()
+  if args.full_size:
+    write_full_size(args.full_size, args.architectures)
+  else:
+    main()

@@ -146,3 +146,35 @@ def test_testing_presets_count_as_timm():
   for preset in ('BEiT-testing', 'BEiTv2-testing'):
     model = models.get_model(preset, num_classes=1000)
     assert models.count_params(model) == GOLDEN[f'count/{preset}']
+
+
+# timm architecture: (preset, image side, golden key): the real sizes, made
+# outside CI by scripts/make_beit_golden.py --full_size.
+FULL = [('beit_base_patch16_224', 'BEiT-B_16', 224, 'beit_base_patch16_224'),
+        ('beit_base_patch16_224', 'BEiT-B_16', 384,
+         'beit_base_patch16_224_384'),
+        ('beit_large_patch16_224', 'BEiT-L_16', 224, 'beit_large_patch16_224'),
+        ('beitv2_base_patch16_224', 'BEiTv2-B_16', 224,
+         'beitv2_base_patch16_224')]
+
+
+@pytest.mark.skipif('VIT_JAX_BEIT_FULL' not in os.environ,
+                    reason='real-size timm folders, made outside CI by '
+                    'scripts/make_beit_golden.py --full_size')
+@pytest.mark.parametrize('architecture,preset,side,key', FULL)
+def test_full_size_gives_timms_logits(tmp_path, monkeypatch, architecture,
+                                      preset, side, key):
+  monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path))
+  folder = os.environ['VIT_JAX_BEIT_FULL']
+  golden = np.load(os.path.join(folder, 'golden.npz'))
+  if key not in golden:
+    pytest.skip(f'{folder} holds no {architecture} (--architectures)')
+  pretrained = models.from_pretrained(os.path.join(folder, architecture),
+                                      image_size=side)
+  assert transform.load_transform(next(tmp_path.rglob('*.npz')))[
+      'model_name'] == preset
+  got = pretrained.model.apply({'params': pretrained.params},
+                               golden[f'images{side}'], train=False)
+  error = np.abs(got - golden[key]).max() / np.abs(golden[key]).max()
+  print(f'{preset} at {side} px: max |error| / max |output| = {error:.2e}')
+  assert error < 1e-4
