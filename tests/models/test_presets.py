@@ -129,6 +129,16 @@ MODEL_SIZES = {
     'DINOv3-L_16-qkvb': 304_153_576,
     'DINOv3-testing': 74_856,
     'DINOv3-testing-qkvb': 74_984,
+    # timm's counts (timm 1.0.31, img_size=224, num_classes=1000) of
+    # beit_{base,large}_patch16_224 and beitv2_base_patch16_224; the
+    # 'testing' ones of beit[v2]_base_patch16_224 at embed_dim=32, depth=2,
+    # num_heads=2, mlp_ratio=2 (count/NAME in tests/data/
+    # timm_beit_golden.npz).
+    'BEiT-B_16': 86_530_984,
+    'BEiT-L_16': 304_430_568,
+    'BEiT-testing': 77_784,
+    'BEiTv2-B_16': 86_530_984,
+    'BEiTv2-testing': 77_784,
     # timm's swin_*_patch4_window{7_224,12_384}.
     'Swin-T': 28_288_354,
     'Swin-S': 49_606_258,

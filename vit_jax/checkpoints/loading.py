@@ -101,8 +101,12 @@ def image_size(params: Mapping[str, Any], model_config) -> int:
   patch = models_vit.patch_size(model_config['patches'])[0]
   mixing = params.get('MixerBlock_0', {}).get('token_mixing')
   tables = params.get('Transformer', {}).get('posembed_input', {})
+  relative = _relative_tables(params)
   if mixing is not None:
     tokens = files.shape_of(mixing['Dense_0']['kernel'])[0]
+  elif relative:  # BEiT's, whatever its position table (if any)
+    rows = files.shape_of(next(iter(relative.values())))[-2]
+    return posemb.relative_bias_grid(rows)[0] * patch
   elif 'pos_embedding_grid' in tables:
     tokens = np.prod(files.shape_of(tables['pos_embedding_grid'])[:2])
   elif 'pos_embedding_row' in tables:
@@ -212,6 +216,43 @@ def _resize_interp2d(tables, path, have, want):
   _note(path, f'resampled pos_embedding_grid from {have} to {want}')
 
 
+def _relative_tables(tree: Mapping[str, Any]) -> Dict[str, Any]:
+  """BEiT's tables of relative positions (`transformer.relative_bias`), by
+  their '/'-joined names."""
+  return {k: v for k, v in traverse_util.flatten_dict(tree, sep='/').items()
+          if k.endswith('relative_bias/table')}
+
+
+def _resize_relative(params, init_params, path, new_grid, old_grid):
+  """Resizes BEiT's tables of `params` to the model's grid (`new_grid`, else
+  the square one of its tables), as timm's checkpoint filter does, in
+  place."""
+  want = _relative_tables(init_params)
+  for name, table in _relative_tables(params).items():
+    have = files.shape_of(table)
+    if name not in want or have == files.shape_of(want[name]):
+      continue
+    rows = files.shape_of(want[name])[-2]
+    try:
+      grid = new_grid or posemb.relative_bias_grid(rows)
+      new = posemb_resize.resize_relative_table(
+          table, grid, old_grid, extra=posemb.CLASS_ROWS)
+      if new.shape[-2] != rows:
+        raise ValueError(f'the grid {tuple(grid)} has tables of '
+                         f'{new.shape[-2]} rows, the model {rows}.')
+    except ValueError as e:
+      raise files.CheckpointError(
+          f'Cannot resize {name} of {path} from {have} to '
+          f'{files.shape_of(want[name])}: {e}') from e
+    *parents, leaf = name.split('/')
+    node = params
+    for key in parents:
+      node = node[key]
+    node[leaf] = new
+    _note(path, f'resized {name} from {have} to {new.shape} (timm\'s '
+          'geometric linear interpolation)')
+
+
 def _check_unresizable(have: Mapping[str, Any], want: Mapping[str, Any],
                        path: str) -> None:
   """Explains the shape mismatches that no change of resolution can fix."""
@@ -304,7 +345,8 @@ def load_params(path,
   is kept if the model has a head and dropped if not; so is `pre_logits`.
   Unless `resize_posemb` is False, position tables are resized to the
   model's grid as in `load_pretrained` (`new_grid` and `old_grid`: (h, w)
-  if not square), by `resize_method` (default: the record's
+  if not square; BEiT's relative tables as timm resizes them), by
+  `resize_method` (default: the record's
   `posemb_resize`, else as the weights' source does,
   `default_resize_method`). Each change is printed as one line on
   stderr.
@@ -333,5 +375,6 @@ def load_params(path,
     _resize_posemb(params, init_params, path, posemb,
                    models_vit.posemb_prefix_tokens(model_config),
                    resize_method, new_grid=new_grid, old_grid=old_grid)
+    _resize_relative(params, init_params, path, new_grid, old_grid)
   return files.inspect_params(params=params, expected=init_params,
                         source=f'Checkpoint {path}')

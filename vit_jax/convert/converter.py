@@ -16,6 +16,7 @@ import numpy as np
 
 from vit_jax import cli
 from vit_jax.checkpoints import files
+from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import export
 from vit_jax.convert import hub
@@ -51,15 +52,15 @@ def _fc_norm_as_final(state: Flat, token_pooling: bool) -> Flat:
   return {re.sub(r'^fc_norm\.', 'norm.', k): v for k, v in state.items()}
 
 
-def _check_config_dims(settings, flat: Flat, path: str, eva: bool) -> None:
+def _check_config_dims(settings, flat: Flat, path: str, layout: str) -> None:
   """config.json and the weights must describe the same model."""
   have = dims(flat)
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
-  if eva:  # Eva's SwiGLU halves are each `hidden` wide
+  if layout != 'vit':  # Eva's SwiGLU halves are each `hidden` wide
     swiglu, mlp_dim = settings['swiglu_mlp'], hidden
-    registers = settings['num_reg_tokens']
+    registers = settings.get('num_reg_tokens', 0)
   else:
     swiglu = mlp_settings(settings)['swiglu']
     mlp_dim, registers = hidden // 2 if swiglu else hidden, settings[
@@ -69,7 +70,7 @@ def _check_config_dims(settings, flat: Flat, path: str, eva: bool) -> None:
               layerscale=settings['init_values'] is not None,
               registers=registers)
   if have['posemb_prefix'] is not None:  # else config.json's says
-    said['posemb_prefix'] = not settings['no_embed_class']
+    said['posemb_prefix'] = not settings.get('no_embed_class', False)
   wrong = [f'{key} {value} (weights: {have[key]})'
            for key, value in said.items() if have[key] != value]
   if wrong:
@@ -101,8 +102,6 @@ def read_timm(path: str) -> Flat:
     raise ValueError(f'Cannot read {path} with torch: {e}') from e
   state = state.get('state_dict', state)
   return {k: v.float().numpy() for k, v in state.items()}
-
-
 
 
 def locate(src: str):
@@ -150,29 +149,39 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     raise ValueError(f"{config_path} is neither timm's (no 'architecture') "
                      "nor transformers' (no 'model_type' or "
                      "'architectures').")
-  eva = convert_eva.is_eva(config['architecture'])
-  settings = (convert_eva.eva_settings if eva else timm_settings)(config)
-  return _from_vit(state, settings, weights, model_name, eva=eva,
-                   family=_family(config),
+  layout = ('eva' if convert_eva.is_eva(config['architecture']) else
+            'beit' if convert_beit.is_beit(config['architecture']) else 'vit')
+  return _from_vit(state, _LAYOUTS[layout][0](config), weights, model_name,
+                   layout=layout, family=_family(config),
                    transform=dict(config.get('pretrained_cfg') or {}))
 
 
-def _from_vit(state: Flat, settings, weights: str, model_name, *, eva=False,
-              family=None, transform=None) -> Source:
-  """timm's ViT (or Eva) state dict, computing as `settings` say."""
-  overrides = (convert_eva.eva_overrides if eva else vit_overrides)(settings)
+# timm's model classes computed as a ViT: config.json's settings, vit_jax's
+# model config of them, the state dict in timm ViT's names.
+_LAYOUTS = {
+    'vit': (timm_settings, vit_overrides, lambda state: state),
+    'eva': (convert_eva.eva_settings, convert_eva.eva_overrides,
+            convert_eva.to_vit_state),
+    'beit': (convert_beit.beit_settings, convert_beit.beit_overrides,
+             convert_beit.to_vit_state),
+}
+
+
+def _from_vit(state: Flat, settings, weights: str, model_name, *,
+              layout='vit', family=None, transform=None) -> Source:
+  """timm's ViT (Eva, Beit) state dict, computing as `settings` say."""
+  overrides = _LAYOUTS[layout][1](settings)
   _check_width(settings, state, weights)
-  if eva:
-    state = convert_eva.to_vit_state(state)
+  state = _LAYOUTS[layout][2](state)
   state = _fc_norm_as_final(state, overrides['classifier'] in (
-      'token', 'distilled') and (
-          uses_fc_norm(settings) if not eva else 'fc_norm.weight' in state))
+      'token', 'distilled') and (uses_fc_norm(settings) if layout == 'vit'
+                                 else 'fc_norm.weight' in state))
   flat = timm_to_npz(state, settings['num_heads'])
   qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
-  if eva:
+  if layout != 'vit':
     flat = convert_eva.drop_biases(flat, qkv_bias)
   _check_complete(flat, weights, overrides)
-  _check_config_dims(settings, flat, weights, eva)
+  _check_config_dims(settings, flat, weights, layout)
   model_name = model_name or infer_preset(
       flat, settings['num_heads'], overrides['classifier'],
       family=family, overrides=overrides)
@@ -343,7 +352,11 @@ def _from_bare(weights: str, state: Flat, model_name: Optional[str]
 
 
 # What only config.json can say how to compute (its settings beside them).
-_NEEDS_CONFIG = {'norm_pre.weight': 'a pre-norm (CLIP: eps, QuickGELU?)',
+_NEEDS_CONFIG = {'blocks.0.attn.relative_position_bias_table':
+                     "timm's Beit (BEiT: its pooling)",
+                 'rel_pos_bias.relative_position_bias_table':
+                     "timm's Beit (BEiT: its pooling)",
+                 'norm_pre.weight': 'a pre-norm (CLIP: eps, QuickGELU?)',
                  'attn_pool.latent': 'attention pooling (SigLIP: its GELU)',
                  'blocks.0.gamma_1': "timm's Eva (EVA-02, DINOv3: RoPE)",
                  'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)"}
@@ -359,11 +372,12 @@ def _check_bare(state: Flat, path: str) -> None:
 def _check_complete(flat: Flat, path: str,
                     overrides: Optional[Dict[str, Any]] = None) -> None:
   overrides = overrides or {}
+  transformer = overrides.get('transformer', {})
   missing = missing_keys(
       flat, patch_bias=overrides.get('patch_bias', True),
       position_table=overrides.get('posemb', 'learn') == 'learn',
-      qkv_biases=QKV_BIASES[
-          overrides.get('transformer', {}).get('qkv_bias', 'qkv')])
+      qkv_biases=QKV_BIASES[transformer.get('qkv_bias', 'qkv')],
+      relative_bias=transformer.get('relative_bias'))
   if missing:
     raise ValueError(f'{path} lacks what a vit_jax ViT has: '
                      f'{", ".join(missing[:6])} (timm: qkv_bias=False or '

@@ -17,7 +17,10 @@ from typing import Any, Dict
 
 import numpy as np
 
+from vit_jax.convert.timm_config import check_settings
+from vit_jax.convert.timm_config import read_settings
 from vit_jax.convert.timm_config import SIZES  # Eva's sizes are the ViT's
+from vit_jax.convert.timm_config import unsupported
 
 Flat = Dict[str, np.ndarray]
 
@@ -85,31 +88,16 @@ def _architecture_args(name: str) -> Dict[str, Any]:
       'vit_{small,base,large}_patch16_dinov3[_qkvb].')
 
 
-def _unsupported(key, value, why) -> ValueError:
-  return ValueError(f'timm setting {key}={value!r} is not supported by '
-                    f'vit_jax: {why}.')
-
-
 def eva_settings(config: Dict[str, Any]) -> Dict[str, Any]:
   """The arguments timm's Eva got, from its config.json."""
-  settings = dict(_DEFAULTS, **_architecture_args(config['architecture']))
-  if 'global_pool' in config:
-    settings['global_pool'] = config['global_pool']
-  settings.update(config.get('model_args') or {})
-  return settings
+  return read_settings(config, _DEFAULTS, _architecture_args)
 
 
 def _check_known(settings) -> None:
-  for key, value in settings.items():
-    if key in _FIXED:
-      if value != _FIXED[key][0]:
-        raise _unsupported(key, value, _FIXED[key][1])
-    elif key not in _DEFAULTS and key not in _INERT:
-      raise _unsupported(key, value, 'vit_jax.convert does not know what it '
-                         'changes')
+  check_settings(settings, _FIXED, set(_DEFAULTS) | _INERT)
   if settings['dynamic_img_size'] and settings['use_abs_pos_emb']:
-    raise _unsupported('dynamic_img_size', True, 'it resizes the position '
-                       "table for each input; vit_jax's is resized once")
+    raise unsupported('dynamic_img_size', True, 'it resizes the position '
+                      "table for each input; vit_jax's is resized once")
 
 
 def _pooling(settings) -> Dict[str, Any]:
@@ -119,15 +107,15 @@ def _pooling(settings) -> Dict[str, Any]:
   fc_norm = pool == 'avg' if fc_norm is None else fc_norm
   post = settings['use_post_transformer_norm']
   if (not fc_norm if post is None else post) == fc_norm:
-    raise _unsupported('use_post_transformer_norm', post, 'vit_jax '
-                       'normalizes either before the pooling or after it')
+    raise unsupported('use_post_transformer_norm', post, 'vit_jax '
+                      'normalizes either before the pooling or after it')
   if pool == 'avg':
     return {'classifier': 'token_gap' if cls else 'gap', 'fc_norm': fc_norm}
   if pool == 'token' and cls:
     # fc_norm on the class token alone is the final norm on every token.
     return {'classifier': 'token', 'fc_norm': False}
-  raise _unsupported('global_pool', pool, "vit_jax converts Eva's 'avg' "
-                     "and 'token' (with its class token) pooling")
+  raise unsupported('global_pool', pool, "vit_jax converts Eva's 'avg' "
+                    "and 'token' (with its class token) pooling")
 
 
 def _rope(settings) -> Dict[str, Any]:
@@ -135,9 +123,9 @@ def _rope(settings) -> Dict[str, Any]:
     return {'rope': None}
   kind, half = settings['rope_type'], settings['rope_rotate_half']
   if (kind, half) not in (('cat', False), ('dinov3', True)):
-    raise _unsupported('rope_type', kind, "vit_jax computes EVA-02's "
-                       "('cat', interleaved) and DINOv3's ('dinov3', half) "
-                       'RoPE only')
+    raise unsupported('rope_type', kind, "vit_jax computes EVA-02's "
+                      "('cat', interleaved) and DINOv3's ('dinov3', half) "
+                      'RoPE only')
   ref = settings['ref_feat_shape']
   return {'rope': 'eva02' if kind == 'cat' else 'dinov3',
           'rope_theta': float(settings['rope_temperature']),

@@ -35,12 +35,13 @@ def optional_import(module: str, path: str):
 
 
 def _is_eva_preset(name: str) -> bool:
-  """Whether timm builds the preset `name` with its Eva (`convert.eva`)."""
-  return registry.family(name).timm_layout == 'eva'
+  """Whether timm builds the preset `name` with its Eva (`convert.eva`) or
+  Beit (`convert.beit`), whose blocks have the same names."""
+  return registry.family(name).timm_layout in ('eva', 'beit')
 
 
 def _to_eva(flat: Flat) -> Flat:
-  """Published names -> the state dict of timm's Eva (EVA-02-B/L's
+  """Published names -> the state dict of timm's Eva or Beit (EVA-02-B/L's
   projections and SwiGLU apart, as its MLP's inner norm shows)."""
   qkv_bias = convert_eva.qkv_bias_of(flat)
   state = npz_to_timm(convert_eva.with_zero_biases(flat))

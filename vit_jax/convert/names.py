@@ -1,7 +1,8 @@
 """Parameter names and layouts: timm's state dict <-> the published .npz
 (ViTs and DeiT's, CLIP's and SigLIP's towers with its MAP head `attn_pool`,
-hybrids, MLP-Mixers); Swin's are `convert.swin`'s, and `convert.eva` puts
-EVA-02's and DINOv3's in the ViT's names first."""
+hybrids, MLP-Mixers, BEiT's relative position tables); Swin's are
+`convert.swin`'s, and `convert.eva` puts EVA-02's, DINOv3's and BEiT's
+blocks in the ViT's names first."""
 
 import re
 from typing import Dict
@@ -68,6 +69,14 @@ _MIXER = [
      f'{m[3]}'),
     (r'norm\.(weight|bias)', r'pre_head_layer_norm/\1'),
     (r'head\.(weight|bias)', r'head/\1'),
+]
+# BEiT's tables of relative positions (offsets, heads), the same values on
+# both sides: a block's, and one shared by the blocks.
+_TABLES = [
+    (r'blocks\.(\d+)\.attn\.relative_position_bias_table',
+     r'Transformer/encoderblock_\1/relative_bias/table'),
+    (r'rel_pos_bias\.relative_position_bias_table',
+     'Transformer/relative_bias/table'),
 ]
 _ATTENTION = re.compile(r'blocks\.(\d+)\.attn\.(qkv|proj)\.(weight|bias)')
 _BLOCK_NPZ = 'Transformer/encoderblock_{}/MultiHeadDotProductAttention_1/'
@@ -152,8 +161,11 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
   for key, value in state.items():
     if _ATTENTION.fullmatch(key) or _POOL.fullmatch(key):
       continue
+    table = _npz_name(key, _TABLES)
     name = _npz_name(key, rules)
-    if name is None:
+    if table is not None:
+      out[table] = np.asarray(value)
+    elif name is None:
       unknown.append(key)
     else:
       out[name] = _leaf_to_npz(np.asarray(value))
@@ -170,15 +182,19 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
 
 def missing_keys(flat: Flat, *, patch_bias: bool = True,
                  position_table: bool = True,
-                 qkv_biases=('query', 'key', 'value')) -> list:
+                 qkv_biases=('query', 'key', 'value'),
+                 relative_bias=None) -> list:
   """What a ViT's published names lack of what a ViT with this patch bias,
-  position table and these projection biases has."""
+  position table, these projection biases and BEiT's `relative_bias`
+  tables has."""
   if 'stem/kernel' in flat:
     return []
   norm = 'fc_norm' if 'fc_norm/scale' in flat else 'Transformer/encoder_norm'
   need = ['embedding/kernel', f'{norm}/scale', f'{norm}/bias']
   need += ['embedding/bias'] if patch_bias else []
   need += ['Transformer/posembed_input/pos_embedding'] if position_table else []
+  if relative_bias == 'shared':
+    need.append('Transformer/relative_bias/table')
   blocks = {m[1] for k in flat
             for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
   leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')
@@ -191,6 +207,7 @@ def missing_keys(flat: Flat, *, patch_bias: bool = True,
   leaves += [f'{attention}/{part}/bias' for part in (*qkv_biases, 'out')]
   if any(re.search('/ls[12]/scale$', k) for k in flat):  # all or none
     leaves += ['ls1/scale', 'ls2/scale']
+  leaves += ['relative_bias/table'] if relative_bias == 'block' else []
   need += [f'Transformer/encoderblock_{b}/{leaf}' for b in sorted(blocks)
            for leaf in leaves]
   return [name for name in need if name not in flat]
@@ -229,10 +246,19 @@ def _timm_keys(flat: Flat) -> list:
   return keys
 
 
+def _timm_tables(flat: Flat) -> list:
+  """timm's keys of the tables of relative positions that `flat` may have."""
+  blocks = {m[1] for k in flat
+            for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
+  return ['rel_pos_bias.relative_position_bias_table'] + [
+      f'blocks.{i}.attn.relative_position_bias_table' for i in sorted(blocks)]
+
+
 def npz_to_timm(flat: Flat) -> Flat:
   """'/'-joined published names -> a timm state dict (numpy)."""
   rules = _rules(mixer=any(k.startswith('MixerBlock_') for k in flat))
   names = {_npz_name(key, rules): key for key in _timm_keys(flat)}
+  tables = {_npz_name(key, _TABLES): key for key in _timm_tables(flat)}
   out, attention = {}, {}
   for key, value in flat.items():
     match = re.fullmatch(r'(?:Transformer/encoderblock_(\d+)/'
@@ -240,6 +266,8 @@ def npz_to_timm(flat: Flat) -> Flat:
                          r'MultiHeadDotProductAttention_0)/(\w+)/(\w+)', key)
     if match:
       attention[match[1], match[2], match[3]] = value
+    elif key in tables:
+      out[tables[key]] = value
     elif key in names:
       out[names[key]] = _leaf_to_timm(value)
     else:

@@ -56,12 +56,22 @@ def dims(flat: Flat) -> Dict[str, Any]:
       pre_norm='Transformer/norm_pre/scale' in flat,
       patch_bias='embedding/bias' in flat,
       qkv_bias=convert_eva.qkv_bias_of(flat),
+      relative_bias=relative_bias(flat),
       map_head='MAPHead_0/probe' in flat)
 
 
 _OPTIONS = ('swiglu', 'mlp_norm', 'layerscale', 'registers', 'posemb_prefix',
             'position_table', 'pre_norm', 'patch_bias', 'qkv_bias',
-            'map_head')
+            'relative_bias', 'map_head')
+
+
+def relative_bias(flat: Flat) -> Optional[str]:
+  """BEiT's tables that the names have: 'block', 'shared' or None."""
+  if 'Transformer/relative_bias/table' in flat:
+    return 'shared'
+  if 'Transformer/encoderblock_0/relative_bias/table' in flat:
+    return 'block'
+  return None
 
 
 def posemb_prefix(flat: Flat) -> Optional[bool]:
@@ -80,9 +90,9 @@ def posemb_prefix(flat: Flat) -> Optional[bool]:
 
 
 def _convertible_presets() -> list:
-  """The presets that timm's ViTs, Evas and Mixers can be (no LiT, BiT or
-  Swin: `convert.swin` has its own)."""
-  return registry.presets_of('vit', 'eva', 'mixer')
+  """The presets that timm's ViTs, Evas, Beits and Mixers can be (no LiT,
+  BiT or Swin: `convert.swin` has its own)."""
+  return registry.presets_of('vit', 'eva', 'beit', 'mixer')
 
 
 def _preset_dims(name: str) -> Dict[str, Any]:
@@ -108,6 +118,7 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               pre_norm=bool(transformer.get('pre_norm')),
               patch_bias=config.get('patch_bias', True),
               qkv_bias=transformer.get('qkv_bias', 'qkv'),
+              relative_bias=transformer.get('relative_bias'),
               map_head=config.classifier == 'map')
 
 

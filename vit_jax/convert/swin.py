@@ -17,8 +17,8 @@ position bias tables. The names map one to one (timm -> vit_jax):
 `relative_position_index` and `attn_mask` are dropped: the model derives
 them. The original release's layout (patch merging at the end of a stage,
 `head`) is read too, as timm's `checkpoint_filter_fn` does. Bias tables of
-another window are resized as timm's `resize_rel_pos_bias_table` does by
-default: linear interpolation on source offsets spaced geometrically.
+another window are resized as timm's `resize_rel_pos_bias_table` does
+(`posemb_resize.resize_relative_table`).
 """
 
 import re
@@ -26,6 +26,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from vit_jax.models import posemb_resize
 from vit_jax.models import registry
 
 Flat = Dict[str, np.ndarray]
@@ -117,8 +118,9 @@ def to_original(state: Flat) -> Flat:
 
 
 def is_swin(names) -> bool:
-  """Whether timm keys or vit_jax names are a Swin's."""
-  return any(k.endswith(_TABLE) for k in names)
+  """Whether timm keys or vit_jax names are a Swin's (BEiT's tables are in
+  `blocks`)."""
+  return any(k.startswith('layers') and k.endswith(_TABLE) for k in names)
 
 
 def _convert(state: Flat, source: int) -> Flat:
@@ -149,50 +151,9 @@ def npz_to_timm(flat: Flat) -> Flat:
   return _convert(flat, source=1)
 
 
-def _geometric_offsets(src: int, dst: int) -> np.ndarray:
-  """Where the `src` offsets of a table sit when stretched over `dst`:
-  steps growing by a ratio q found by bisection, as timm's `_calc`."""
-  left, right = 1.01, 1.5
-  while right - left > 1e-6:
-    q = (left + right) / 2.
-    if (1. - q**(src // 2)) / (1. - q) > dst // 2:
-      right = q
-    else:
-      left = q
-  steps = np.cumsum([1.] + [q**(i + 1) for i in range(src // 2 - 1)])
-  return np.concatenate([-steps[::-1], [0.], steps])
-
-
-def _linear_weights(points: np.ndarray, targets: np.ndarray) -> np.ndarray:
-  """(targets, points) weights of 1-D linear interpolation, constant past
-  the ends, as timm's RegularGridInterpolator."""
-  right = np.minimum(np.searchsorted(points, targets), len(points) - 1)
-  left = np.clip(right - 1, 0, len(points) - 1)
-  to_left = np.maximum(targets - points[left], 0.)
-  to_right = np.maximum(points[right] - targets, 0.)
-  both = (to_left == 0) & (to_right == 0)
-  to_left[both] = to_right[both] = 1.
-  weights = np.zeros((len(targets), len(points)))
-  rows = np.arange(len(targets))
-  np.add.at(weights, (rows, left), to_right / (to_left + to_right))
-  np.add.at(weights, (rows, right), to_left / (to_left + to_right))
-  return weights
-
-
 def resize_bias_table(table: np.ndarray, window: int) -> np.ndarray:
   """A ((2w - 1)**2, heads) table of a square window w, for `window`."""
-  src = int(round(np.sqrt(table.shape[0])))
-  dst = 2 * window - 1
-  if src * src != table.shape[0]:
-    raise ValueError(f'A bias table of {table.shape[0]} rows is not of a '
-                     'square window.')
-  if src == dst:
-    return table
-  weights = _linear_weights(_geometric_offsets(src, dst),
-                            np.arange(dst) - dst // 2)
-  grid = table.reshape(src, src, -1).astype(np.float64)
-  out = np.einsum('ys,xt,sth->yxh', weights, weights, grid)
-  return out.reshape(dst * dst, -1).astype(table.dtype)
+  return posemb_resize.resize_relative_table(table, (window, window))
 
 
 def fit_window(flat: Flat, window: int) -> Flat:

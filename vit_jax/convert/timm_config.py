@@ -63,9 +63,36 @@ _INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
           'drop_path_rate', 'weight_init', 'fix_init'}
 
 
-def _unsupported(key: str, value, why: str) -> ValueError:
+def unsupported(key: str, value, why: str) -> ValueError:
   return ValueError(f'timm setting {key}={value!r} is not supported by '
                     f'vit_jax: {why}.')
+
+
+def read_settings(config: Dict[str, Any], defaults: Dict[str, Any],
+                  architecture_args) -> Dict[str, Any]:
+  """The arguments that one of timm's model classes got: its `defaults`,
+  what the entrypoint that config.json names passes (`architecture_args`),
+  then config.json's global_pool and create_model's arguments (which win,
+  as in timm)."""
+  if 'architecture' not in config:
+    raise ValueError("config.json names no 'architecture': it is not timm's.")
+  settings = dict(defaults, **architecture_args(config['architecture']))
+  if 'global_pool' in config:
+    settings['global_pool'] = config['global_pool']
+  settings.update(config.get('model_args') or {})
+  return settings
+
+
+def check_settings(settings: Dict[str, Any], fixed, known) -> None:
+  """Refuses a setting of `fixed` ({name: (the value vit_jax computes, why
+  not another)}) at another value, and one neither there nor `known`."""
+  for key, value in settings.items():
+    if key in fixed:
+      if value != fixed[key][0]:
+        raise unsupported(key, value, fixed[key][1])
+    elif key not in known:
+      raise unsupported(key, value, 'vit_jax.convert does not know what it '
+                        'changes')
 
 
 def _architecture_args(name: str) -> Dict[str, Any]:
@@ -116,8 +143,8 @@ def _architecture_args(name: str) -> Dict[str, Any]:
     return dict(SIZES[siglip[1]], patch_size=int(siglip[2]),
                 class_token=False, **pool)
   if re.fullmatch(r'mixer_[sbl](16|32)_224', name):
-    raise _unsupported('act_layer', 'GELU', "timm's MlpMixer computes the "
-                       "exact GELU, vit_jax's its tanh form")
+    raise unsupported('act_layer', 'GELU', "timm's MlpMixer computes the "
+                      "exact GELU, vit_jax's its tanh form")
   raise ValueError(
       f"timm architecture {name!r} is not one that vit_jax.convert knows: its "
       'entrypoint sets arguments that config.json does not record. Known: '
@@ -131,14 +158,7 @@ def _architecture_args(name: str) -> Dict[str, Any]:
 
 def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
   """The arguments timm's VisionTransformer got, from its config.json."""
-  if 'architecture' not in config:
-    raise ValueError("config.json names no 'architecture': it is not timm's.")
-  settings = dict(_VIT_DEFAULTS, **_architecture_args(config['architecture']))
-  model_args = config.get('model_args') or {}
-  if 'global_pool' in config:
-    settings['global_pool'] = config['global_pool']
-  settings.update(model_args)  # create_model's arguments win, as in timm
-  return settings
+  return read_settings(config, _VIT_DEFAULTS, _architecture_args)
 
 
 def uses_fc_norm(settings) -> bool:
@@ -160,25 +180,25 @@ def _classifier(settings) -> str:
   if pool == 'avg':  # of the patch tokens, the prefix left out
     return 'token_gap' if cls else 'gap'
   if pool == 'token':
-    raise _unsupported('class_token', cls, "global_pool='token' needs it")
+    raise unsupported('class_token', cls, "global_pool='token' needs it")
   if pool == 'map' and not cls:
     return 'map'
   if pool == 'map':
-    raise _unsupported('class_token', cls, "vit_jax's MAP head pools a ViT "
-                       'without one')
-  raise _unsupported('global_pool', pool, "vit_jax converts 'token' and "
-                     "'avg' pooling only")
+    raise unsupported('class_token', cls, "vit_jax's MAP head pools a ViT "
+                      'without one')
+  raise unsupported('global_pool', pool, "vit_jax converts 'token' and "
+                    "'avg' pooling only")
 
 
 def _distilled_classifier(settings) -> str:
   """'distilled', where timm's VisionTransformerDistilled computes it."""
   if settings['global_pool'] != 'token' or not settings['class_token']:
-    raise _unsupported('global_pool', settings['global_pool'], 'the '
-                       'distilled heads read the class and distillation '
-                       'tokens')
+    raise unsupported('global_pool', settings['global_pool'], 'the '
+                      'distilled heads read the class and distillation '
+                      'tokens')
   if uses_fc_norm(settings):
-    raise _unsupported('fc_norm', settings['fc_norm'], "timm's distilled "
-                       'heads skip it (and its final norm)')
+    raise unsupported('fc_norm', settings['fc_norm'], "timm's distilled "
+                      'heads skip it (and its final norm)')
   return 'distilled'
 
 
@@ -187,8 +207,8 @@ def _gelu_approximate(act) -> bool:
     return False
   if act in ('gelu_tanh', 'gelu_pytorch_tanh'):
     return True
-  raise _unsupported('act_layer', act, "vit_jax's MLP computes GELU (exact "
-                     "or tanh), or SwiGLU, only")
+  raise unsupported('act_layer', act, "vit_jax's MLP computes GELU (exact "
+                    "or tanh), or SwiGLU, only")
 
 
 def mlp_settings(settings) -> Dict[str, Any]:
@@ -201,19 +221,14 @@ def mlp_settings(settings) -> Dict[str, Any]:
   if settings['mlp_layer'] == 'swiglu_packed' and settings['act_layer'] in (
       'silu', 'swish'):  # timm's SwiGLUPacked: silu(x1) * x2, x1 first
     return {'gelu_approximate': False, 'swiglu': True, 'quick_gelu': False}
-  raise _unsupported('mlp_layer', settings['mlp_layer'], "vit_jax's MLP is "
-                     "timm's Mlp (GELU) or SwiGLUPacked (SiLU)")
+  raise unsupported('mlp_layer', settings['mlp_layer'], "vit_jax's MLP is "
+                    "timm's Mlp (GELU) or SwiGLUPacked (SiLU)")
 
 
 def vit_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
   """vit_jax's model config for timm's VisionTransformer `settings`, or a
   ValueError naming the first one that vit_jax cannot compute."""
-  for key, value in settings.items():
-    if key in _FIXED and value != _FIXED[key][0]:
-      raise _unsupported(key, value, _FIXED[key][1])
-    if key not in _FIXED and key not in _MAPPED | _INERT:
-      raise _unsupported(key, value, 'vit_jax.convert does not know what it '
-                         'changes')
+  check_settings(settings, _FIXED, _MAPPED | _INERT)
   classifier = _classifier(settings)
   return {'classifier': classifier,
           'fc_norm': (classifier in ('gap', 'token_gap') and

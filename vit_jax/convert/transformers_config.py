@@ -137,7 +137,7 @@ _PLAIN = {'classifier': 'token', 'representation_size': None,
           'posemb_prefix': True, 'transformer.pre_norm': False,
           'transformer.layerscale_init': None, 'transformer.swiglu': False,
           'transformer.qkv_bias': 'qkv', 'transformer.rope': None,
-          'transformer.mlp_norm': False}
+          'transformer.mlp_norm': False, 'transformer.relative_bias': None}
 _DINOV2 = {'transformer.layerscale_init': _SET, 'transformer.swiglu': _ANY}
 _CLIP_TOWER = {'transformer.pre_norm': True, 'patch_bias': False}
 # architecture: (model_type, whether it has a head, its settings).

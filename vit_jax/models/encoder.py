@@ -1,8 +1,9 @@
 """The ViT's encoder: `Encoder1DBlock` (pre-LN self-attention and MLP) and
 `Encoder` (position embedding, the blocks, the final norm), in the original
 release's parameter names. Options beyond the original (relative bias,
-RoPE, LayerScale, SwiGLU, CLIP's pre-norm, LayerNorm epsilon, attention
-without some biases) are attributes with the original's defaults.
+BEiT's relative position tables, RoPE, LayerScale, SwiGLU, CLIP's
+pre-norm, LayerNorm epsilon, attention without some biases) are attributes
+with the original's defaults.
 """
 
 import functools
@@ -28,6 +29,8 @@ from vit_jax.models.posemb import Interp2DPosEmb
 from vit_jax.models.posemb import pad_prefix
 from vit_jax.models.posemb import posemb_sincos_2d
 from vit_jax.models.posemb import POSEMBS
+from vit_jax.models.posemb import RELATIVE_BIASES
+from vit_jax.models.posemb import RelativeBiasTable
 from vit_jax.models.posemb import RelativePositionBias
 from vit_jax.models.posemb import rope2d_angles
 from vit_jax.models.posemb import rope_angles
@@ -53,6 +56,9 @@ class Encoder1DBlock(nn.Module):
     relative_max_distance: if set, add a learned relative position bias
       (`RelativePositionBias`) with this clip distance to the attention
       logits; then the call needs `grid`.
+    relative_bias: the block has its own `RelativeBiasTable`
+      (`relative_bias/table`), BEiT's, added to the attention logits;
+      then the call needs `grid`.
     drop_path_rate: stochastic depth rate of both residual branches.
     gelu_approximate, swiglu: see `MlpBlock`.
     layerscale_init: if set, scale each branch by a `LayerScale` (`ls1`
@@ -71,6 +77,7 @@ class Encoder1DBlock(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   relative_max_distance: Optional[int] = None
+  relative_bias: bool = False
   drop_path_rate: float = 0.
   gelu_approximate: bool = True
   swiglu: bool = False
@@ -85,10 +92,13 @@ class Encoder1DBlock(nn.Module):
   scan_outputs: bool = False
 
   @nn.compact
-  def __call__(self, inputs, deterministic, grid=None, mask=None, rope=None):
+  def __call__(self, inputs, deterministic, grid=None, mask=None, rope=None,
+               bias=None):
     """The arguments are positional for `nn.remat`/`nn.scan`: `mask`,
     boolean (batch, 1, tokens, tokens), True where a token may attend to
-    another; `rope`, (batch, tokens, depth / 2) RoPE angles (`attention`).
+    another; `rope`, (batch, tokens, depth / 2) RoPE angles (`attention`);
+    `bias`, (1, heads, tokens, tokens) added to the attention logits (a
+    table shared by the blocks), unless the block has its own.
 
     With 'intermediates' mutable, the attention weights are recorded as
     `MultiHeadDotProductAttention_0/attention_weights`.
@@ -101,6 +111,13 @@ class Encoder1DBlock(nn.Module):
       relative_bias = RelativePositionBias(self.relative_max_distance,
                                            name='posembed_relative')
       options['bias_fn'] = functools.partial(relative_bias, grid=grid)
+    if self.relative_bias:
+      if grid is None:
+        raise ValueError("BEiT's relative bias table needs the patch grid.")
+      bias = RelativeBiasTable(self.num_heads, name='relative_bias')(
+          grid, inputs.shape[1])
+    if bias is not None:
+      options['bias'] = bias
 
     norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
                              dtype=self.dtype)
@@ -156,6 +173,11 @@ class Encoder(nn.Module):
       queries and keys in every block (`rope2d_angles`), 'interp2d' adds
       `Interp2DPosEmb`'s grid, created at the patch grid of initialization.
     relative_max_distance: clip distance of posemb='relative'.
+    relative_bias: BEiT's learned bias per relative position, added to the
+      attention logits (`RelativeBiasTable`; one class token, no `keep`):
+      'block', a table in each block (`encoderblock_{i}/relative_bias/
+      table`, timm's `use_rel_pos_bias`), or 'shared', one for all
+      (`Transformer/relative_bias/table`, `use_shared_rel_pos_bias`).
     stochastic_depth: drop path rate of the last block; block i of L uses
       stochastic_depth * i / (L - 1).
     remat_policy: what each block keeps for the backward pass, a key of
@@ -188,6 +210,7 @@ class Encoder(nn.Module):
   add_position_embedding: bool = True
   posemb: str = 'learn'
   relative_max_distance: int = 8
+  relative_bias: Optional[str] = None
   stochastic_depth: float = 0.
   remat_policy: str = 'none'
   scan: bool = False
@@ -238,9 +261,14 @@ class Encoder(nn.Module):
       x = norm(name='norm_pre')(x)
 
     relative = self.relative_max_distance if posemb == 'relative' else None
+    bias = None
+    if self.relative_bias == 'shared':
+      bias = RelativeBiasTable(self.num_heads, name='relative_bias')(
+          grid, x.shape[1])
     final = norm(name='encoder_norm') if self.final_norm else lambda y: y
     x, taken = self._blocks(x, not train, grid, relative, mask=mask,
-                            rope=rope, take=take or (), depth=depth)
+                            rope=rope, bias=bias, take=take or (),
+                            depth=depth)
     if take is None:
       return final(x)
     depth = self.num_layers if depth is None else depth
@@ -261,8 +289,16 @@ class Encoder(nn.Module):
                        f"one of {ROPES}, beside posemb 'learn' or 'none'.")
     if posemb == 'rope2d' or self.rope:
       rope_head_dim(x.shape[-1], self.num_heads)
+    if self.relative_bias not in (None, *RELATIVE_BIASES):
+      raise ValueError(f'Unknown relative_bias {self.relative_bias!r}; '
+                       f'expected None or one of {RELATIVE_BIASES}.')
+    if self.relative_bias and posemb == 'relative':
+      raise ValueError("relative_bias and posemb='relative' are two relative "
+                       'position biases: choose one.')
     if posemb in ('learn2d', 'relative', 'sincos2d', 'rope2d', 'interp2d'):
       needs = f'posemb={posemb!r}'
+    elif self.relative_bias:
+      needs = f'relative_bias={self.relative_bias!r}'
     elif self.rope:
       needs = f'rope={self.rope!r}'
     elif posemb == 'learn' and not self.posemb_prefix:
@@ -274,9 +310,11 @@ class Encoder(nn.Module):
                        f'{x.shape[1]} tokens, got {grid}.')
     if keep is None:
       return posemb
-    if posemb == 'relative':
-      raise ValueError("keep= cannot be used with posemb='relative': its "
-                       'bias is defined on the full patch grid.')
+    if posemb == 'relative' or self.relative_bias:
+      what = (f'relative_bias={self.relative_bias!r}' if self.relative_bias
+              else "posemb='relative'")
+      raise ValueError(f'keep= cannot be used with {what}: its bias is '
+                       'defined on the full patch grid.')
     patches = grid[0] * grid[1]
     if (keep.ndim != 2 or keep.shape[0] != x.shape[0] or
         keep.shape[1] > patches or not jnp.issubdtype(keep.dtype, jnp.integer)):
@@ -326,11 +364,11 @@ class Encoder(nn.Module):
     return keep_patches(angles, keep, prefix)
 
   def _blocks(self, x, deterministic, grid, relative_max_distance, mask=None,
-              rope=None, take=(), depth=None):
+              rope=None, bias=None, take=(), depth=None):
     """The first `depth` blocks (default all), unrolled or scanned, with
-    remat if asked: (output, [outputs of the blocks `take`]); `mask` and
-    `rope` as `Encoder1DBlock`'s. Scanned, the stacked parameters are cut
-    to the blocks that run."""
+    remat if asked: (output, [outputs of the blocks `take`]); `mask`,
+    `rope` and `bias` as `Encoder1DBlock`'s. Scanned, the stacked
+    parameters are cut to the blocks that run."""
     depth = self.num_layers if depth is None else depth
     if not 0 <= depth <= self.num_layers or any(i >= depth for i in take):
       raise ValueError(f'Blocks {tuple(take)} of the first {depth}: the '
@@ -344,13 +382,13 @@ class Encoder(nn.Module):
                 lambda a: a[:depth], tree))
       x, stacked = scanned(scanned=True, scan_outputs=bool(take),
                            name='encoderblock', **settings)(
-                               x, deterministic, grid, mask, rope)
+                               x, deterministic, grid, mask, rope, bias)
       return x, [stacked[i] for i in take]
     rates = drop_path_rates(self.stochastic_depth, self.num_layers)
     outputs = []
     for i in range(depth):
       x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
-                **settings)(x, deterministic, grid, mask, rope)
+                **settings)(x, deterministic, grid, mask, rope, bias)
       outputs.append(x)
     return x, [outputs[i] for i in take]
 
@@ -367,6 +405,7 @@ class Encoder(nn.Module):
                     dropout_rate=self.dropout_rate,
                     attention_dropout_rate=self.attention_dropout_rate,
                     relative_max_distance=relative_max_distance,
+                    relative_bias=self.relative_bias == 'block',
                     gelu_approximate=self.gelu_approximate,
                     swiglu=self.swiglu, layerscale_init=self.layerscale_init,
                     qkv_bias=self.qkv_bias, layer_norm_eps=self.layer_norm_eps,
@@ -382,4 +421,4 @@ class Encoder(nn.Module):
     return nn.scan(
         block, variable_axes={'params': 0, 'intermediates': 0},
         split_rngs={'params': True, 'dropout': True},
-        in_axes=(nn.broadcast,) * 4, length=length)
+        in_axes=(nn.broadcast,) * 5, length=length)

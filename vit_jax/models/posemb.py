@@ -1,7 +1,8 @@
 """Patch grids and position embeddings: learned 1-D and 2-D tables, 2-D
-sin-cos, an interpolated grid, 2-D RoPE and relative position biases (the
-paper's Appendix D.4; docs/position_embeddings.md), as functions of each
-token's place so that packed sequences (`navit`) use them too."""
+sin-cos, an interpolated grid, 2-D RoPE, relative position biases (the
+paper's Appendix D.4; docs/position_embeddings.md) and BEiT's and Swin's
+tables of relative positions, as functions of each token's place so that
+packed sequences (`navit`) use them too."""
 
 from typing import Callable, Tuple
 
@@ -248,6 +249,71 @@ class Interp2DPosEmb(nn.Module):
       shape = (*stored[:2], shape[2])
     table = self.param('pos_embedding_grid', self.posemb_init, shape)
     return interp2d_posemb(table, *positions)
+
+
+def relative_position_index(window: Tuple[int, int]) -> np.ndarray:
+  """(N, N) rows of the bias table for query i and key j of a window of N
+  patches: their offset (dy, dx), shifted to start at 0, in row-major
+  order over the (2 wh - 1, 2 ww - 1) offsets."""
+  wh, ww = window
+  coords = np.stack(np.meshgrid(np.arange(wh), np.arange(ww),
+                                indexing='ij')).reshape(2, -1)
+  dy, dx = coords[:, :, None] - coords[:, None, :]
+  return (dy + wh - 1) * (2 * ww - 1) + (dx + ww - 1)
+
+
+# transformer.relative_bias: BEiT's tables, one per block or one shared.
+RELATIVE_BIASES = ('block', 'shared')
+# BEiT's table: a row per offset of the patch grid, then 3 for the class
+# token (class -> patch, patch -> class, class -> class).
+CLASS_ROWS = 3
+
+
+def relative_bias_index(grid: Tuple[int, int]) -> np.ndarray:
+  """(1 + h w, 1 + h w) rows of BEiT's bias table for a class token then
+  the patches of `grid` (h, w), as timm beit's `gen_relative_position_index`:
+  patch pairs by their offset (`relative_position_index`), after them the
+  class token's three rows."""
+  h, w = grid
+  offsets = (2 * h - 1) * (2 * w - 1)
+  index = np.empty((1 + h * w, 1 + h * w), np.int32)
+  index[1:, 1:] = relative_position_index(grid)
+  index[0, 1:] = offsets  # class -> patch
+  index[1:, 0] = offsets + 1  # patch -> class
+  index[0, 0] = offsets + 2
+  return index
+
+
+def relative_bias_grid(rows: int) -> Tuple[int, int]:
+  """The square (h, h) grid of a BEiT table of `rows` rows."""
+  span = int(round(np.sqrt(max(rows - CLASS_ROWS, 0))))
+  if span * span != rows - CLASS_ROWS or span % 2 == 0:
+    raise ValueError(f'A relative bias table of {rows} rows is not of a '
+                     'square grid: give the grid.')
+  return (span + 1) // 2, (span + 1) // 2
+
+
+class RelativeBiasTable(nn.Module):
+  """BEiT's learned attention bias per relative position (`table`, rows by
+  `relative_bias_index`, zeros at init as timm's), for a class token and
+  the patch grid of the call; the table is made at the grid of
+  initialization, and another grid needs it resized
+  (`posemb_resize.resize_relative_table`, which loading does)."""
+  num_heads: int
+  posemb_init: Callable = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, grid, tokens):
+    """The (1, heads, tokens, tokens) bias of a class token then `grid`."""
+    h, w = grid
+    if tokens != 1 + h * w:
+      raise ValueError(f"transformer.relative_bias: BEiT's table has rows "
+                       f'for one class token before the {h}x{w} patches, '
+                       f'got {tokens - h * w} prefix tokens.')
+    shape = ((2 * h - 1) * (2 * w - 1) + CLASS_ROWS, self.num_heads)
+    table = _posemb_table(self, 'table', shape, 'with `posemb_resize.'
+                          'resize_relative_table` (`load_params` does)')
+    return jnp.transpose(table[relative_bias_index(grid)], (2, 0, 1))[None]
 
 
 def relative_offset_index(grid, max_distance):

@@ -4,9 +4,12 @@ Fine-tuning at a higher resolution keeps the patch size, so the grid of
 patches grows; the learned position embeddings are resized to it as an image
 would be. `checkpoint.load_pretrained` does this on loading, with the
 method of the weights' source: 'bicubic' for Google's checkpoints,
-'bicubic_antialias' (timm's `resample_abs_pos_embed`) for timm's.
+'bicubic_antialias' (timm's `resample_abs_pos_embed`) for timm's. Tables of
+relative positions (BEiT's, Swin's) are resized as timm resizes them
+(`resize_relative_table`).
 """
 
+import math
 from typing import Optional, Sequence, Union
 
 import jax
@@ -144,3 +147,72 @@ def interpolate_posembed(posemb, num_tokens: int, has_class_token: bool,
   new = square_side(num_tokens - int(has_class_token), 'Target')
   return resize_posemb_grid(posemb, new_grid=(new, new),
                             has_class_token=has_class_token, method=method)
+
+
+def _geometric_offsets(src: int, dst: int) -> np.ndarray:
+  """Where the `src` offsets of a table sit when stretched over `dst`:
+  steps growing by a ratio q found by bisection, as timm's `_calc`."""
+  left, right = 1.01, 1.5
+  while right - left > 1e-6:
+    q = (left + right) / 2.
+    if (1. - q**(src // 2)) / (1. - q) > dst // 2:
+      right = q
+    else:
+      left = q
+  steps = np.cumsum([1.] + [q**(i + 1) for i in range(src // 2 - 1)])
+  return np.concatenate([-steps[::-1], [0.], steps])
+
+
+def _linear_weights(points: np.ndarray, targets: np.ndarray) -> np.ndarray:
+  """(targets, points) weights of 1-D linear interpolation, constant past
+  the ends, as timm's RegularGridInterpolator."""
+  right = np.minimum(np.searchsorted(points, targets), len(points) - 1)
+  left = np.clip(right - 1, 0, len(points) - 1)
+  to_left = np.maximum(targets - points[left], 0.)
+  to_right = np.maximum(points[right] - targets, 0.)
+  both = (to_left == 0) & (to_right == 0)
+  to_left[both] = to_right[both] = 1.
+  weights = np.zeros((len(targets), len(points)))
+  rows = np.arange(len(targets))
+  np.add.at(weights, (rows, left), to_right / (to_left + to_right))
+  np.add.at(weights, (rows, right), to_left / (to_left + to_right))
+  return weights
+
+
+def resize_relative_table(table, new_grid: Sequence[int],
+                          old_grid: Optional[Sequence[int]] = None,
+                          extra: int = 0) -> np.ndarray:
+  """A table of relative positions, (..., (2h - 1)(2w - 1) + extra, heads)
+  (rows: row-major offsets, then `extra` rows of their own, as BEiT's class
+  token's 3), resized from `old_grid` (h, w) to `new_grid`, as timm's
+  `resize_rel_pos_bias_table` does (without scipy, its default): each
+  axis' offsets put at steps growing geometrically over the new span,
+  linear interpolation between them, constant past the ends; the extra
+  rows kept. `old_grid` None: square, as timm assumes for a checkpoint
+  (else the new grid, if the rows are as many). Leading axes (blocks
+  stacked by `scan`) are resized alike."""
+  table = np.asarray(table)
+  rows = table.shape[-2] - extra
+  new_span = tuple(2 * int(n) - 1 for n in new_grid)
+  if old_grid is not None:
+    old_span = tuple(2 * int(n) - 1 for n in old_grid)
+  elif math.isqrt(rows)**2 == rows:
+    old_span = (math.isqrt(rows),) * 2
+  elif rows == new_span[0] * new_span[1]:
+    old_span = new_span
+  else:
+    raise ValueError(f'A table of {rows} offsets is not of a square grid: '
+                     'give its grid.')
+  if old_span[0] * old_span[1] != rows:
+    raise ValueError(f'A table of {rows} offsets is not of the grid '
+                     f'{tuple(old_grid)}.')
+  if old_span == new_span:
+    return table
+  wy, wx = (_linear_weights(_geometric_offsets(s, d), np.arange(d) - d // 2)
+            for s, d in zip(old_span, new_span))
+  grid = table[..., :rows, :].reshape(
+      *table.shape[:-2], *old_span, table.shape[-1]).astype(np.float64)
+  new = np.einsum('ys,xt,...sth->...yxh', wy, wx, grid).reshape(
+      *table.shape[:-2], -1, table.shape[-1])
+  return np.concatenate([new.astype(table.dtype), table[..., rows:, :]],
+                        axis=-2)

@@ -50,7 +50,7 @@ class Family:
       takes any (or a fixed token count).
     native_sizes: presets published at another side ({'Swin-B_384': 384}).
     timm_layout: how timm's state dict of its weights maps to the published
-      names (`vit_jax.convert`): 'vit', 'eva' or 'swin'; None: no timm
+      names (`vit_jax.convert`): 'vit', 'eva', 'beit' or 'swin'; None: no timm
       weights.
     timm_architecture: a regex that timm's `architecture` fully matches for
       this family's weights (where the layout alone does not tell).

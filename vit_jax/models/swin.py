@@ -21,6 +21,7 @@ import numpy as np
 
 from vit_jax.models import intermediates
 from vit_jax.models import vit as models_vit
+from vit_jax.models.posemb import relative_position_index
 
 # The original's (and timm's) value for masked logits: exp(-100) is zero in
 # float32 next to the unmasked ones, and finite, so no NaN can arise.
@@ -43,17 +44,6 @@ def window_reverse(windows, window: Tuple[int, int], h: int, w: int):
   x = windows.reshape(-1, h // wh, w // ww, wh, ww, c).transpose(
       0, 1, 3, 2, 4, 5)
   return x.reshape(-1, h, w, c)
-
-
-def relative_position_index(window: Tuple[int, int]) -> np.ndarray:
-  """(N, N) rows of the bias table for query i and key j of a window of N
-  patches: their offset (dy, dx), shifted to start at 0, in row-major
-  order over the (2 wh - 1, 2 ww - 1) offsets."""
-  wh, ww = window
-  coords = np.stack(np.meshgrid(np.arange(wh), np.arange(ww),
-                                indexing='ij')).reshape(2, -1)
-  dy, dx = coords[:, :, None] - coords[:, None, :]
-  return (dy + wh - 1) * (2 * ww - 1) + (dx + ww - 1)
 
 
 def stage_window(grid: Tuple[int, int], window: int):
