@@ -167,3 +167,27 @@ def test_codebook_usage_and_perplexity():
   assert share == pytest.approx(3 / 5)
   p = np.array([5, 3, 2]) / 10
   assert perplexity == pytest.approx(np.exp(scipy.stats.entropy(p)))
+
+
+def test_pretrainer_on_a_beit_preset():
+  """BEiT's own encoder (class token, relative tables, fc_norm) pretrains
+  too: one logit row per patch; layer decay gives each block's table its
+  block's rate."""
+  from vit_jax.models import registry  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import optim  # pylint: disable=g-import-not-at-top
+  config = registry.MODEL_CONFIGS['BEiT-testing'].to_dict()
+  config.pop('num_classes', None)
+  model = beit.Pretrainer(encoder=config, vocab_size=11)
+  images, mask = jnp.zeros((2, 32, 32, 3)), jnp.array([[1, 0, 0, 1]] * 2,
+                                                       bool)
+  params = model.init(jax.random.key(0), images, train=False,
+                      mask=mask)['params']
+  assert model.apply({'params': params}, images, train=False,
+                     mask=mask).shape == (2, 4, 11)
+  assert 'relative_bias' in params['encoder']['Transformer'][
+      'encoderblock_1']
+  factors = optim.layer_decay_factors(params, 0.5)
+  assert factors['encoder']['Transformer']['encoderblock_1'][
+      'relative_bias']['table'] == 0.5
+  assert factors['encoder']['mask_token'] == 0.5**3
+  assert factors['head']['kernel'] == 1.
