@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 import scipy.special
-import scipy.stats
 
-from vit_jax.evaluators import codebook as codebook_eval
 from vit_jax.models import beit
 
 
@@ -159,14 +157,6 @@ def test_dead_codes_restart_from_the_batch():
   for k in (1, 3):  # now a normalized batch vector, with a uniform share
     assert np.min(np.linalg.norm(_unit(z) - new_book[k], axis=1)) < 1e-5
     np.testing.assert_allclose(new_usage[k], usage.sum() / 4, rtol=1e-6)
-
-
-def test_codebook_usage_and_perplexity():
-  counts = np.array([5, 0, 3, 2, 0])
-  share, perplexity = codebook_eval.usage(counts)
-  assert share == pytest.approx(3 / 5)
-  p = np.array([5, 3, 2]) / 10
-  assert perplexity == pytest.approx(np.exp(scipy.stats.entropy(p)))
 
 
 def test_pretrainer_on_a_beit_preset():
