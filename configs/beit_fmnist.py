@@ -31,7 +31,6 @@ scripts/beit_fmnist.py compares BEiT, MAE, DINO and random init
 
 import ml_collections
 
-from vit_jax.configs import common
 from vit_jax.configs import default
 from vit_jax.configs import dino_fmnist
 from vit_jax.configs import mae_fmnist
@@ -61,16 +60,15 @@ def beit_settings(kind: str) -> ml_collections.ConfigDict:
           commitment=0.25,
           restart_threshold=0.03,  # of a uniform share; 0: no restarts
           temperature=(1.0, 1 / 16),  # dVAE's Gumbel-softmax, annealed
-          kl_weight=0.1)))  # dVAE's KL to the uniform prior (0.01: fewer codes used)
+          # dVAE's KL to the uniform prior (0.01 used fewer codes).
+          kl_weight=0.1)))
 
 
 def get_config(arm: str = 'vqkd') -> ml_collections.ConfigDict:
   if arm not in ARMS:
     raise ValueError(f'Unknown arm {arm!r}; expected one of {ARMS}.')
   if arm == 'finetune':
-    config = mae_fmnist.get_config('finetune').unlock()
-    config.layer_decay = 0.65
-    return config.lock()
+    return mae_fmnist.finetune(layer_decay=0.65)
   kind = arm.split('_')[0]
   config = default.get_config().unlock()
   config.beit = beit_settings(kind)

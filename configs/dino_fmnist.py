@@ -75,9 +75,7 @@ def get_config(arm: str = 'dino') -> ml_collections.ConfigDict:
   if arm not in ARMS:
     raise ValueError(f'Unknown arm {arm!r}; expected one of {ARMS}.')
   if arm == 'finetune':
-    config = mae_fmnist.get_config('finetune').unlock()
-    config.layer_decay = 0.65
-    return config.lock()
+    return mae_fmnist.finetune(layer_decay=0.65)
   config = default.get_config().unlock()
   config.trainer = 'dino'
   config.dino = dino_settings()

@@ -53,14 +53,20 @@ def _pretrain(config):
 def get_config(arm: str = 'pretrain') -> ml_collections.ConfigDict:
   if arm not in ARMS:
     raise ValueError(f'Unknown arm {arm!r}; expected one of {ARMS}.')
-  config = default.get_config().unlock()
   if arm == 'pretrain':
-    return _pretrain(config).lock()
+    return _pretrain(default.get_config().unlock()).lock()
+  return finetune(layer_decay=0.75)  # MAE's (docs/recipes.md)
+
+
+def finetune(layer_decay: float) -> ml_collections.ConfigDict:
+  """The 'finetune' arm with this layer-wise learning-rate decay (BEiT's
+  and DINO's: 0.65)."""
+  config = default.get_config().unlock()
   config.pp.train = 'train[:10%]'
   config.total_steps = 1500
   config.warmup_steps = 100
   config.evals.test.every = 0  # at the end
   config.evals.fewshot = fewshot_10()  # trainer='fewshot' runs it
   config.checkpoint_every = 0
-  config.layer_decay = 0.75  # MAE's fine-tuning (docs/recipes.md)
+  config.layer_decay = layer_decay
   return config.lock()

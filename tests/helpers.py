@@ -8,6 +8,8 @@ numpy code written from the papers' equations, independent of `vit_jax`.
 
 import json
 import os
+import signal
+import subprocess
 
 import jax
 import jax.extend
@@ -122,3 +124,18 @@ def predict_golden():
   golden = np.load(os.path.join(DATA, 'timm_predict.npz'))
   with open(os.path.join(DATA, 'timm_predict.transform.json')) as f:
     return image, golden, json.load(f)
+
+
+def kill_9_and_rerun(command, env, step: int) -> str:
+  """Runs `command` (in ROOT) until it reports `step`, SIGKILLs it (no
+  chance to save anything), runs it again to the end; that run's stdout."""
+  proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+  for line in proc.stdout:
+    if line.startswith(f'[{step}/'):
+      proc.kill()
+      break
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+  return subprocess.run(command, check=True, cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300).stdout

@@ -2,7 +2,6 @@
 and kill -9 mid-run, then the same command, ends as an uninterrupted run."""
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -42,18 +41,9 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
                  timeout=300)
 
   command = _main_command(tmp_path / 'run', fmnist_dirs, steps)
-  proc = subprocess.Popen(command, cwd=root, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-  for line in proc.stdout:
-    if line.startswith('[20/'):
-      proc.kill()  # SIGKILL: no chance to save anything
-      break
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
-  rerun = subprocess.run(command, check=True, cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)
-  assert 'Resuming from step ' in rerun.stdout
-  assert 'Done: 40 steps' in rerun.stdout
+  rerun = helpers.kill_9_and_rerun(command, env, 20)
+  assert 'Resuming from step ' in rerun
+  assert 'Done: 40 steps' in rerun
 
   helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
                            tmp_path / 'ref' / 'ViT-fmnist.npz')

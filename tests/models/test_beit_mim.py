@@ -8,7 +8,6 @@ import random
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import scipy.ndimage
 import scipy.special
 

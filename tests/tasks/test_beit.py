@@ -4,7 +4,6 @@ against 8, kill -9 and resume, and the settings refused before compiling."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -204,7 +203,8 @@ def test_bad_settings_fail_before_compiling(fmnist_dirs, dvae_dir, tmp_path):
            ('dvae', dict(min_patches=7), r'min_patches=7 must be in \[1, 6\]'),
            ('dvae', dict(tokenizer_path=str(tmp_path / 'none.npz')),
             'no such file'),
-           ('dvae', dict(tokenizer_path=''), 'needs config.beit.tokenizer_path')]
+           ('dvae', dict(tokenizer_path=''),
+            'needs config.beit.tokenizer_path')]
   for i, (arm, kw, match) in enumerate(cases):
     config = _small(arm, fmnist_dirs, tokenizer_path=dvae_dir)
     config.beit.update(kw)
@@ -260,17 +260,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, dvae_dir,
                  check=True, cwd=helpers.ROOT, env=env, capture_output=True,
                  timeout=300)
   command = _command(tmp_path / 'run', fmnist_dirs, dvae_dir, steps)
-  proc = subprocess.Popen(command, cwd=helpers.ROOT, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-  for line in proc.stdout:
-    if line.startswith('[10/'):
-      proc.kill()
-      break
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
-  rerun = subprocess.run(command, check=True, cwd=helpers.ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-  assert 'Resuming from step ' in rerun.stdout
+  assert 'Resuming from step ' in helpers.kill_9_and_rerun(command, env, 10)
   helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
                            tmp_path / 'ref' / 'ViT-fmnist.npz')
 

@@ -4,7 +4,6 @@ the task end to end (1 vs 8 devices, kill -9 then resume, export)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -460,16 +459,7 @@ def test_kill_9_then_rerun_equals_uninterrupted(fmnist_dirs, tmp_path):
   subprocess.run(_command(tmp_path / 'ref', fmnist_dirs, steps), check=True,
                  cwd=ROOT, env=env, capture_output=True, timeout=300)
   command = _command(tmp_path / 'run', fmnist_dirs, steps)
-  proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-  for line in proc.stdout:
-    if line.startswith('[10/'):
-      proc.kill()
-      break
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
-  rerun = subprocess.run(command, check=True, cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-  assert 'Resuming from step ' in rerun.stdout  # 8, or 4 if 8 was unfinished
+  rerun = helpers.kill_9_and_rerun(command, env, 10)
+  assert 'Resuming from step ' in rerun  # 8, or 4 if 8 was unfinished
   helpers.assert_npz_close(tmp_path / 'run' / 'ViT-fmnist.npz',
                            tmp_path / 'ref' / 'ViT-fmnist.npz')

@@ -99,8 +99,9 @@ def check_tokenizer(config):
     raise ValueError('config.beit.tokenizer: code_dim must be >= 1 and '
                      'decoder.hidden_size divisible by decoder.num_heads.')
   if t.codebook_update not in UPDATES or not 0 <= t.ema_decay < 1:
-    raise ValueError(f'config.beit.tokenizer: codebook_update={t.codebook_update!r} (expected '
-                     f'one of {UPDATES}), ema_decay={t.ema_decay} (in [0, 1)).')
+    raise ValueError(f'config.beit.tokenizer: codebook_update='
+                     f'{t.codebook_update!r} (expected one of {UPDATES}), '
+                     f'ema_decay={t.ema_decay} (in [0, 1)).')
   if t.kind == 'vqkd' and not t.teacher_path:
     raise ValueError("config.beit.tokenizer.kind='vqkd' reconstructs a "
                      "teacher's features: set config.beit.tokenizer."
@@ -272,7 +273,8 @@ class TokenizerTask(base.Task):
 
   def param_labels(self, params):
     """The usage counts, and a codebook updated by EMA, are not trained."""
-    ema = self.settings.codebook_update == 'ema' and self.settings.kind != 'dvae'
+    s = self.settings
+    ema = s.codebook_update == 'ema' and s.kind != 'dvae'
     labels = jax.tree.map(lambda _: optim.TRAINED, params)
     labels['usage'] = optim.FROZEN
     if ema:
