@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from vit_jax.configs import common
 from vit_jax.models import vit as models_vit
 
 from vit_jax.run import checks
@@ -133,3 +134,7 @@ def test_layer_decay_needs_one_vit(tiny_config):
   tiny_config.layer_decay = 1.5
   with pytest.raises(ValueError, match=r'layer_decay=1.5 must be in \(0, 1\]'):
     checks.validate(tiny_config, 8)
+  swin = common.with_model(common.get_config(), 'Swin-T').unlock()
+  swin.layer_decay = 0.65
+  with pytest.raises(ValueError, match='Swin-T is a Swin'):
+    checks.check_layer_decay(swin)

@@ -12,6 +12,7 @@ from absl import logging
 
 from vit_jax.checkpoints import storage
 from vit_jax.models import registry
+from vit_jax.models import vit as models_vit
 from vit_jax.platform import sharding
 from vit_jax.run import optim
 
@@ -28,10 +29,7 @@ def validate(config, num_devices_data: int):
   if config.optimizer == 'sgd' and config.weight_decay:
     raise ValueError(f'config.weight_decay={config.weight_decay} needs '
                      "optimizer='adamw'; SGD has none (set it to 0).")
-  decay = config.get('layer_decay')
-  if decay is not None and not 0 < decay <= 1:
-    raise ValueError(f'config.layer_decay={decay} must be in (0, 1]; None '
-                     'turns it off.')
+  check_layer_decay(config)
   if config.total_steps <= 0 or config.warmup_steps < 0:
     raise ValueError(f'Need total_steps ({config.total_steps}) > 0 and '
                      f'warmup_steps ({config.warmup_steps}) >= 0.')
@@ -50,6 +48,21 @@ def validate(config, num_devices_data: int):
   if config.batch_eval % num_devices_data:
     raise ValueError(f'batch_eval={config.batch_eval} is not divisible by the '
                      f'{num_devices_data} devices on the `data` axis.')
+
+
+def check_layer_decay(config) -> None:
+  """`layer_decay`: a factor in (0, 1], for a model of ViT blocks."""
+  decay = config.get('layer_decay')
+  if decay is None:
+    return
+  if not 0 < decay <= 1:
+    raise ValueError(f'config.layer_decay={decay} must be in (0, 1]; None '
+                     'turns it off.')
+  if config.model is not None:
+    cls = registry.model_class(config.model_name, config.model)
+    if not issubclass(cls, models_vit.VisionTransformer):
+      raise ValueError(f'config.layer_decay decays the blocks of a ViT; '
+                       f'{config.model_name} is a {cls.__name__}.')
 
 
 def check_image_size(config) -> None:
