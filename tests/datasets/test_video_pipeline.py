@@ -32,9 +32,10 @@ class Clips(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version('1.0.0')
 
   def _info(self):
-    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-        'video': tfds.features.Video((LENGTH, SIDE, SIDE, 3)),
-        'label': tfds.features.ClassLabel(num_classes=CLASSES)}))
+    return tfds.core.DatasetInfo(
+        builder=self, features=tfds.features.FeaturesDict({
+            'video': tfds.features.Video((LENGTH, SIDE, SIDE, 3)),
+            'label': tfds.features.ClassLabel(num_classes=CLASSES)}))
 
   def _split_generators(self, dl_manager):
     return {'train': self._generate_examples(0, 12),

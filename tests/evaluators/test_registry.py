@@ -13,7 +13,8 @@ from vit_jax.tasks import classification
 @pytest.mark.parametrize('key,value,match', [
     ('type', 'regression', "config.evals.test.type='regression'; expected "
      "one of \\('classification', 'fewshot', 'knn', 'zeroshot', "
-     "'segmentation', 'captioning', 'scoring', 'codebook'\\)"),
+     "'segmentation', 'captioning', 'scoring', 'codebook', "
+     "'video_classification'\\)"),
     ('every', -1, r'config.evals.test.every=-1: expected a number of steps'),
 ])
 def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):

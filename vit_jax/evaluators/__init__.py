@@ -11,3 +11,4 @@ from vit_jax.evaluators import navit
 from vit_jax.evaluators import segmentation
 from vit_jax.evaluators import captioning
 from vit_jax.evaluators import codebook
+from vit_jax.evaluators import video
