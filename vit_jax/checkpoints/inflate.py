@@ -196,7 +196,7 @@ def _blocks(encoder: Mapping[str, Any]) -> int:
 
 
 def _describe(kernel, encoder) -> str:
-  """'patch 16x16x3, width 768, 12 blocks, MLP 3072, 12 heads'."""
+  """'patch 16x16x3, width 768, depth 12, MLP 3072, 12 heads'."""
   *patch, width = files.shape_of(kernel)[-4:]
   block = (encoder.get('encoderblock') or encoder.get('encoderblock_0') or
            {})
@@ -204,7 +204,7 @@ def _describe(kernel, encoder) -> str:
   query = block.get('MultiHeadDotProductAttention_0', {}).get(
       'query', {}).get('kernel')
   text = (f'patch {"x".join(map(str, patch))}, width {width}, '
-          f'{_blocks(encoder)} blocks')
+          f'depth {_blocks(encoder)}')
   if mlp is not None:
     text += f', MLP {files.shape_of(mlp)[-1]}'
   if query is not None:
@@ -276,13 +276,15 @@ def _video_grid(tables, joint, tubelet, prefix, new_grid, num_frames):
                      'num_frames (the frames of the videos) or new_grid '
                      '(h, w).')
   patches = tokens // (slots or 1)
-  grid = tuple(new_grid or (posemb_resize.square_side(patches, 'The model'),
-                            ) * 2)
+  if slots and tokens % slots:
+    raise ValueError(f"{slots} slots do not divide the model's {tokens} "
+                     'patch positions: check num_frames or new_grid.')
+  grid = new_grid or (posemb_resize.square_side(patches, 'The model'),) * 2
   if (slots or 1) * grid[0] * grid[1] != tokens:
-    raise ValueError(f'{slots} slots of a {grid[0]}x{grid[1]} grid are not '
-                     f"the model's {tokens} patch positions: check "
+    raise ValueError(f"{slots or 1} slots of a {grid[0]}x{grid[1]} grid "
+                     f"are not the model's {tokens} patch positions: check "
                      'num_frames or new_grid.')
-  return slots, grid
+  return slots, tuple(grid)
 
 
 def _position_tables(params, tables, path, prefix, grid, method):
