@@ -31,7 +31,8 @@ def test_evaluators():
   assert evaluators.feature_types() == ('fewshot', 'knn')
   assert evaluators.config_types() == ('classification', 'fewshot', 'knn',
                                        'zeroshot', 'segmentation', 'captioning',
-                                       'scoring', 'codebook')
+                                       'scoring', 'codebook',
+                                       'video_classification')
   assert {'navit_packed', 'navit_resized'} <= set(evaluators.EVALUATORS)
 
   with pytest.raises(ValueError, match="'knn' is registered twice"):

@@ -13,3 +13,4 @@ from vit_jax.tasks import inference_time
 from vit_jax.tasks import segmentation
 from vit_jax.tasks import captioning
 from vit_jax.tasks import beit
+from vit_jax.tasks import video

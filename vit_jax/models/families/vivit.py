@@ -11,8 +11,8 @@ Parameters for Kinetics-400 (400 classes) on 32 frames of 224 px
 (1 + 16·196) x 768 = 2_409_216), ViViT-B_16x2-FE 115_062_928 (the
 embedding and spatial encoder as ViT-B/16's, the temporal encoder of 4
 blocks and a 17-entry table 28_366_080). Scenic's model.py builds the same
-tensors but for the head's name (`output_projection`); the paper's Table 2
-gives 88.9M and 115.1M (recalled, not checked against a copy here).
+tensors but for the head's name (`output_projection`); neither its code nor
+its configs state a count, so these are computed, not compared.
 """
 
 from vit_jax.models import registry
