@@ -16,6 +16,10 @@ largest size is compiled beside (`benchmarks/big_vision_step.py`'s step).
       --config=vit_jax/configs/augreg.py:b16,none,i1k \
       --config.model.dtype=bfloat16 --sizes=224,512,1024,1536 \
       --big_vision=PATH
+  # the threshold: one attention layer at these token counts
+  python benchmarks/long_attention.py --topology=v5e:2x2 \
+      --config=vit_jax/configs/augreg.py:b16,none,i1k \
+      --tokens=197,257,577,1025,2049,4097
   # another model (e.g. a video config: its frame size field)
   python benchmarks/long_attention.py --config=PATH.py:ARG \
       --size_field=pp.crop --sizes=224
@@ -47,6 +51,12 @@ flags.DEFINE_string('size_field', 'pp.crop',
 flags.DEFINE_integer('per_chip', 2, 'Images (examples) per chip.')
 flags.DEFINE_list('implementations', ['xla', 'splash'],
                   "Attention implementations to compile ('xla', 'splash').")
+flags.DEFINE_list('tokens', [],
+                  "Instead of the step: one attention's forward and backward "
+                  "passes at these token counts (--heads, --head_dim), for "
+                  "the threshold `target.SPLASH_MIN_TOKENS`.")
+flags.DEFINE_integer('heads', 12, 'Heads of --tokens (ViT-B).')
+flags.DEFINE_integer('head_dim', 64, 'Head dim of --tokens (ViT-B).')
 flags.DEFINE_string('big_vision', None,
                     "big_vision's checkout: compile its ViT (the config's "
                     'variant) at the largest size too.')
@@ -112,6 +122,49 @@ def compile_row(config, devices, info, chip, size, implementation):
              time.perf_counter() - t)
 
 
+def attention_row(devices, chip, tokens, implementation):
+  """(temporaries, HBM bytes, FLOPs, roofline seconds) per chip of one
+  bfloat16 attention's forward and backward passes, --per_chip examples
+  a chip, the batch split over a `data` axis of every chip."""
+  mesh = jax.sharding.Mesh(devices, ('data',))
+  shape = (FLAGS.per_chip * len(devices), tokens, FLAGS.heads,
+           FLAGS.head_dim)
+  x = jax.ShapeDtypeStruct(shape, jax.numpy.bfloat16,
+                           sharding=jax.sharding.NamedSharding(
+                               mesh, jax.sharding.PartitionSpec('data')))
+  loss = lambda q, k, v: attention.attention(q, k, v).astype(
+      jax.numpy.float32).sum()
+  grad = target.traced_for(mesh, jax.grad(loss, argnums=(0, 1, 2)))
+  with target.using_attention(implementation):
+    compiled = jax.jit(grad).lower(x, x, x).compile()
+  flops, traffic = plan._cost(compiled)  # pylint: disable=protected-access
+  if implementation == 'splash':
+    block = attention.splash_block(tokens)
+    padded = -(-tokens // block) * block
+    more = kernel_cost((FLAGS.per_chip, FLAGS.heads, padded, FLAGS.head_dim),
+                       2, block)
+    flops, traffic = flops + more[0], traffic + more[1]
+  seconds = max(flops / (chip.peak_tflops * 1e12),
+                traffic / (chip.hbm_gbps * 1e9))
+  return (compiled.memory_analysis().temp_size_in_bytes, traffic, flops,
+          seconds)
+
+
+def threshold_table(devices, chip):
+  print(f'One attention, forward and backward, {FLAGS.heads} heads of '
+        f'{FLAGS.head_dim}, bfloat16, {FLAGS.per_chip} per chip; per chip:')
+  print('| tokens | attention | temporaries | HBM bytes | FLOPs | '
+        'roofline |')
+  print('|---' * 6 + '|', flush=True)
+  for tokens in map(int, FLAGS.tokens):
+    for implementation in FLAGS.implementations:
+      temp, traffic, flops, seconds = attention_row(devices, chip, tokens,
+                                                    implementation)
+      print(f'| {tokens} | {implementation} | {temp / 2**20:.1f} MiB | '
+            f'{plan.si(traffic, "B")} | {plan.si(flops, "FLOP")} | '
+            f'{seconds * 1e6:.0f} us |', flush=True)
+
+
 def print_row(row, tokens):
   e = row.estimate
   print(f'| {row.size} px | {tokens} | {row.implementation} | '
@@ -149,6 +202,9 @@ def main(argv):
   chip, chips = plan.parse_topology(FLAGS.topology)
   plan.check_libtpu()
   devices = plan.topology_devices(FLAGS.topology)
+  if FLAGS.tokens:
+    threshold_table(devices, chip)
+    return
   info = plan.dataset_info(config, FLAGS.num_classes)
   print(f'{config.model_name}, dtype {config.model.get("dtype")}, '
         f'{FLAGS.per_chip} per chip on {FLAGS.topology}; per chip:')

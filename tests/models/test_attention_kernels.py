@@ -116,6 +116,17 @@ def test_a_bias_or_mask_keeps_the_plain_path():
                              rtol=1e-4, atol=1e-5)
 
 
+def test_cross_attention_keeps_the_plain_path():
+  """Queries fewer than the keys (a MAP probe, a decoder's cross-attention)
+  are not the kernel's self-attention."""
+  (q, _, _), _ = _inputs(1, 3, seed=3)
+  (_, k, v), _ = _inputs(1, 140, seed=4)
+  with target.using_attention('splash'):
+    out = attention.attention(q, k, v)
+  np.testing.assert_allclose(out, _numpy_attention(q, k, v), rtol=1e-4,
+                             atol=1e-5)
+
+
 def test_navit_through_the_kernel():
   """NaViT's segment ids reach the kernel: the same logits as the plain
   path's dense mask (2 blocks, rope2d, padding in both sequences)."""

@@ -46,8 +46,10 @@ def attention(query, key, value, bias=None, mask=None, broadcast_dropout=True,
   implementation = None if plain else target.attention_implementation(
       common, query.shape[-1], bias is not None or mask is not None,
       tokens=query.shape[1], segmented=segment_ids is not None)
-  if implementation == 'splash':
+  if implementation == 'splash' and query.shape[1] == key.shape[1]:
     return splash_attention(query, key, value, segment_ids)
+  if implementation == 'splash':  # cross-attention: its queries are few
+    implementation = 'xla'
   if segment_ids is not None:
     segments = segment_mask(segment_ids)
     mask = segments if mask is None else mask & segments

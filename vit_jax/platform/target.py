@@ -31,10 +31,12 @@ _COUNT = contextvars.ContextVar('vit_jax_count', default=None)
 # An attention implementation forced on every target (tests).
 _ATTENTION = contextvars.ContextVar('vit_jax_attention', default=None)
 
-# Sequences of at least this many tokens take splash attention on a TPU:
-# below it XLA's fused attention is as lean and as fast (benchmarks/
-# long_attention.py, docs/performance.md).
-SPLASH_MIN_TOKENS = 1024
+# Sequences of at least this many tokens take splash attention on a TPU.
+# Below it, XLA's fused attention holds no (tokens x tokens) temporaries
+# either, and its roofline time is about the kernel's or better (ViT-B's
+# heads, v5e: 577 tokens 221 us against 247; from 768 the kernel's is at
+# most XLA's; benchmarks/long_attention.py --tokens, docs/performance.md).
+SPLASH_MIN_TOKENS = 768
 
 
 def _first(devices):
