@@ -8,14 +8,15 @@ forced to 'xla' (the (tokens x tokens) logits in HBM) and to 'splash'
 FLOPs, the roofline step time of `plan.estimate`, and the all-gathers in
 the program. XLA counts none of a Pallas kernel's work, so the kernel's
 FLOPs and HBM traffic are added from its tiling (`kernel_cost`), an
-upper bound on its traffic; with `--big_vision`, big_vision's ViT at the
-largest size is compiled beside (`benchmarks/big_vision_step.py`'s step).
+upper bound on its traffic. With `--big_vision`, big_vision's ViT is
+compiled beside at --big_vision_size (`benchmarks/big_vision_step.py`'s
+step).
 
   pip install -e '.[tpu]'
   python benchmarks/long_attention.py --topology=v5e:2x2 \
       --config=vit_jax/configs/augreg.py:b16,none,i1k \
       --config.model.dtype=bfloat16 --sizes=224,512,1024,1536 \
-      --big_vision=PATH
+      --big_vision=PATH --big_vision_size=1024
   # the threshold: one attention layer at these token counts
   python benchmarks/long_attention.py --topology=v5e:2x2 \
       --config=vit_jax/configs/augreg.py:b16,none,i1k \
@@ -59,7 +60,9 @@ flags.DEFINE_integer('heads', 12, 'Heads of --tokens (ViT-B).')
 flags.DEFINE_integer('head_dim', 64, 'Head dim of --tokens (ViT-B).')
 flags.DEFINE_string('big_vision', None,
                     "big_vision's checkout: compile its ViT (the config's "
-                    'variant) at the largest size too.')
+                    'variant) at --big_vision_size too.')
+flags.DEFINE_integer('big_vision_size', None,
+                     "big_vision's image side; default: the largest size.")
 FLAGS = flags.FLAGS
 
 
@@ -101,7 +104,8 @@ def compile_row(config, devices, info, chip, size, implementation):
   traced = attention._splash_kernel  # pylint: disable=protected-access
 
   def recorded(query, *args, block, **kwargs):
-    calls.append((query.shape, query.dtype.itemsize, block))
+    if target.mesh() is not None:  # the step's, not the initialization's
+      calls.append((query.shape, query.dtype.itemsize, block))
     return traced(query, *args, block=block, **kwargs)
 
   attention._splash_kernel = recorded  # pylint: disable=protected-access
@@ -212,8 +216,9 @@ def main(argv):
         'step (roofline) | of which kernel bytes | all-gathers |')
   print('|---' * 9 + '|', flush=True)
   for size in map(int, FLAGS.sizes):
-    sized = plan._with(config, batch=FLAGS.per_chip * chips, accum_steps=1,  # pylint: disable=protected-access
-                       **{FLAGS.size_field: size})
+    sized = plan._with(  # pylint: disable=protected-access
+        config, batch=FLAGS.per_chip * chips, accum_steps=1,
+        **{FLAGS.size_field: size})
     patch = sized.model.get('patches', {}).get('size', (16, 16))
     tokens = (size // patch[0]) * (size // patch[1]) + 1
     for implementation in FLAGS.implementations:
@@ -230,7 +235,8 @@ def main(argv):
         continue
       print_row(row, tokens)
   if FLAGS.big_vision:
-    big_vision_row(config, devices, max(map(int, FLAGS.sizes)))
+    big_vision_row(config, devices,
+                   FLAGS.big_vision_size or max(map(int, FLAGS.sizes)))
 
 
 if __name__ == '__main__':

@@ -133,12 +133,13 @@ def using_attention(implementation: str):
 
 def _places_kernels() -> bool:
   """Whether a kernel's inputs are known to be whole on one device, or
-  split over a known mesh (`mesh()`): XLA cannot partition a Pallas call
-  for other shardings, and refuses to compile it."""
+  split over the `data` axis of a known mesh (`mesh()`): XLA cannot
+  partition a Pallas call, and refuses to compile one on other shardings.
+  """
   count = _COUNT.get()
   if count is None:  # a platform by name: this process's devices
     count = jax.device_count()
-  return count == 1 or mesh() is not None
+  return count == 1 or (mesh() is not None and 'data' in mesh().shape)
 
 
 def _compiles_tpu_kernels() -> bool:
