@@ -1,7 +1,8 @@
 """`target.attention_implementation`: cuDNN's flash attention only on the
-GPUs, dtypes and head dims it takes (devices faked), and `attention()`
-following it."""
+GPUs, dtypes and head dims it takes, splash attention only for long
+sequences on TPUs (devices faked), and `attention()` following it."""
 
+import importlib.util
 import types
 
 import jax
@@ -9,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import plan
 from vit_jax.models import attention
+from vit_jax.platform import sharding
 from vit_jax.platform import target
 
 
@@ -113,3 +116,89 @@ def test_float16_logits_beyond_its_range():
   got = attention._accelerator_attention(
       *(jnp.asarray(x, jnp.float16) for x in (q, k, v)))
   np.testing.assert_allclose(np.asarray(got, np.float64), expected, atol=1e-2)
+
+
+# Splash attention on TPUs: long sequences, where its inputs are placed.
+
+TPU = types.SimpleNamespace(platform='tpu', device_kind='TPU v5 lite')
+LONG, SHORT = target.SPLASH_MIN_TOKENS, target.SPLASH_MIN_TOKENS - 1
+
+# (devices, tokens, bias or mask, segment ids, implementation)
+SPLASH_CASES = {
+    'TPU, long': ([TPU], LONG, False, False, 'splash'),
+    'TPU, 4097 tokens': ([TPU], 4097, False, False, 'splash'),
+    'TPU, short': ([TPU], SHORT, False, False, 'xla'),
+    'TPU, long, packed': ([TPU], LONG, False, True, 'splash'),
+    'TPU, long, masked': ([TPU], LONG, True, False, 'xla'),
+    'TPU, long, 4 devices without a mesh': ([TPU] * 4, LONG, False, False,
+                                            'xla'),
+    'TPU by name, CPU host': ('tpu', LONG, False, False, 'xla'),
+    'CPU, long': ('cpu', LONG, False, False, 'heads_first'),
+    'A100, long': ([A100], LONG, False, False, 'cudnn'),
+    'A100, long, packed': ([A100], LONG, False, True, 'xla'),
+    'T4, long': ([T4], LONG, False, False, 'xla'),
+}
+
+
+@pytest.mark.parametrize('case', SPLASH_CASES.values(),
+                         ids=SPLASH_CASES.keys())
+def test_splash_on_long_tpu_sequences(case):
+  devices, tokens, masked, segmented, expected = case
+  with target.compiling_for(devices):
+    assert target.attention_implementation(
+        jnp.bfloat16, 64, masked, tokens=tokens,
+        segmented=segmented) == expected
+
+
+def test_splash_by_name_in_a_tpu_process(monkeypatch):
+  """A user's own jit in a one-chip TPU process (no target) gets it."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')
+  monkeypatch.setattr(jax, 'device_count', lambda *a: 1)
+  assert target.attention_implementation(jnp.bfloat16, 64, False,
+                                         tokens=LONG) == 'splash'
+  monkeypatch.setattr(jax, 'device_count', lambda *a: 8)  # no mesh known
+  assert target.attention_implementation(jnp.bfloat16, 64, False,
+                                         tokens=LONG) == 'xla'
+
+
+@pytest.mark.parametrize('tokens,calls', [(LONG, 1), (SHORT, 0)])
+def test_attention_asks_for_splash_on_a_tpu(monkeypatch, tokens, calls):
+  """Traced for a TPU, long self-attention goes to the kernel (recorded
+  here, the plain path standing in for it)."""
+  seen = []
+
+  def recorded(query, key, value, segment_ids=None):
+    seen.append(query.shape)
+    return attention._accelerator_attention(query, key, value)
+
+  monkeypatch.setattr(attention, 'splash_attention', recorded)
+  x = jax.ShapeDtypeStruct((1, tokens, 2, 64), jnp.bfloat16)
+  with target.compiling_for([TPU]):
+    jax.eval_shape(lambda *a: attention.attention(*a), x, x, x)
+  assert len(seen) == calls
+
+
+HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
+
+
+@pytest.mark.skipif(not HAS_LIBTPU, reason='libtpu compiles for TPUs')
+def test_kernel_runs_on_each_devices_batch():
+  """Compiled for a v5e:2x2 mesh, the kernel takes each chip's part of the
+  batch: no all-gather of the activations, and a fraction of the plain
+  path's temporaries (the (tokens x tokens) logits)."""
+  devices = plan.topology_devices('v5e:2x2')
+  mesh = sharding.make_mesh([('data', -1)], devices)
+  x = jax.ShapeDtypeStruct((8, 4097, 12, 64), jnp.bfloat16,
+                           sharding=sharding.batch_sharding(mesh))
+  programs = {}
+  for implementation in ('splash', 'xla'):
+    loss = lambda q, k, v: attention.attention(q, k, v).astype(
+        jnp.float32).sum()  # a new function: traced anew
+    grad = target.traced_for(mesh, jax.grad(loss, argnums=(0, 1, 2)))
+    with target.using_attention(implementation):
+      programs[implementation] = jax.jit(grad).lower(x, x, x).compile()
+  text = programs['splash'].as_text()
+  assert 'tpu_custom_call' in text and 'all-gather' not in text
+  temp = {k: p.memory_analysis().temp_size_in_bytes
+          for k, p in programs.items()}
+  assert temp['splash'] < temp['xla'] / 4

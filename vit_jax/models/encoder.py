@@ -93,12 +93,14 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, deterministic, grid=None, mask=None, rope=None,
-               bias=None):
+               bias=None, segment_ids=None):
     """The arguments are positional for `nn.remat`/`nn.scan`: `mask`,
     boolean (batch, 1, tokens, tokens), True where a token may attend to
     another; `rope`, (batch, tokens, depth / 2) RoPE angles (`attention`);
     `bias`, (1, heads, tokens, tokens) added to the attention logits (a
-    table shared by the blocks), unless the block has its own.
+    table shared by the blocks), unless the block has its own;
+    `segment_ids`, (batch, tokens): a token attends to its segment's only
+    (packed sequences, `attention`).
 
     With 'intermediates' mutable, the attention weights are recorded as
     `MultiHeadDotProductAttention_0/attention_weights`.
@@ -118,6 +120,8 @@ class Encoder1DBlock(nn.Module):
           grid, inputs.shape[1])
     if bias is not None:
       options['bias'] = bias
+    if segment_ids is not None:
+      options['segment_ids'] = segment_ids
 
     norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
                              dtype=self.dtype)
@@ -364,10 +368,10 @@ class Encoder(nn.Module):
     return keep_patches(angles, keep, prefix)
 
   def _blocks(self, x, deterministic, grid, relative_max_distance, mask=None,
-              rope=None, bias=None, take=(), depth=None):
+              rope=None, bias=None, take=(), depth=None, segment_ids=None):
     """The first `depth` blocks (default all), unrolled or scanned, with
     remat if asked: (output, [outputs of the blocks `take`]); `mask`,
-    `rope` and `bias` as `Encoder1DBlock`'s. Scanned, the stacked
+    `rope`, `bias` and `segment_ids` as `Encoder1DBlock`'s. Scanned, the stacked
     parameters are cut to the blocks that run."""
     depth = self.num_layers if depth is None else depth
     if not 0 <= depth <= self.num_layers or any(i >= depth for i in take):
@@ -382,13 +386,15 @@ class Encoder(nn.Module):
                 lambda a: a[:depth], tree))
       x, stacked = scanned(scanned=True, scan_outputs=bool(take),
                            name='encoderblock', **settings)(
-                               x, deterministic, grid, mask, rope, bias)
+                               x, deterministic, grid, mask, rope, bias,
+                               segment_ids)
       return x, [stacked[i] for i in take]
     rates = drop_path_rates(self.stochastic_depth, self.num_layers)
     outputs = []
     for i in range(depth):
       x = block(drop_path_rate=rates[i], name=f'encoderblock_{i}',
-                **settings)(x, deterministic, grid, mask, rope, bias)
+                **settings)(x, deterministic, grid, mask, rope, bias,
+                            segment_ids)
       outputs.append(x)
     return x, [outputs[i] for i in take]
 
@@ -421,4 +427,4 @@ class Encoder(nn.Module):
     return nn.scan(
         block, variable_axes={'params': 0, 'intermediates': 0},
         split_rngs={'params': True, 'dropout': True},
-        in_axes=(nn.broadcast,) * 5, length=length)
+        in_axes=(nn.broadcast,) * 6, length=length)

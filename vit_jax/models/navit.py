@@ -187,8 +187,8 @@ class FactorizedPosEmb(nn.Module):
 
 class PackedEncoder(models_vit.Encoder):
   """The ViT's `Encoder` on packed sequences: position embedding from each
-  token's place (`posemb` one of POSEMBS), blocks attending within `mask`,
-  final LayerNorm `encoder_norm`.
+  token's place (`posemb` one of POSEMBS), blocks attending within each
+  token's segment, final LayerNorm `encoder_norm`.
 
   Attributes (besides `Encoder`'s):
     max_grid: length of the factorized tables; side of the 'interp2d' grid.
@@ -196,9 +196,10 @@ class PackedEncoder(models_vit.Encoder):
   max_grid: int = 64
 
   @nn.compact
-  def __call__(self, x, positions, mask, *, train):
+  def __call__(self, x, positions, segment_ids, *, train):
     """Encodes (B, N, D) tokens at `positions` (rows, cols, heights, widths,
-    each (B, N)); `mask` (B, 1, N, N), True where a token may attend."""
+    each (B, N)); a token attends to those of its `segment_ids` (B, N)
+    only (the kernels take the ids, the others `attention.segment_mask`)."""
     rope = None
     if self.posemb == 'rope2d':
       rope = models_vit.rope2d_angles(
@@ -213,7 +214,8 @@ class PackedEncoder(models_vit.Encoder):
           self.max_grid, fractional=self.posemb == 'factorized_frac',
           name='posembed_input')(positions, x.shape[-1]).astype(x.dtype)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    x, _ = self._blocks(x, not train, None, None, mask=mask, rope=rope)
+    x, _ = self._blocks(x, not train, None, None, rope=rope,
+                        segment_ids=segment_ids)
     return nn.LayerNorm(name='encoder_norm', dtype=self.dtype)(x)
 
 
@@ -265,10 +267,9 @@ class NaViT(nn.Module):
     positions = tuple(jnp.asarray(batch[k]) for k in POSITION_KEYS)
     x = PatchEmbedding(self.hidden_size, self._patch(), dtype=dtype,
                        name='embedding')(jnp.asarray(batch['patches']))
-    mask = (seg[:, :, None] == seg[:, None, :])[:, None]
     x = PackedEncoder(name='Transformer', posemb=self.posemb,
                       max_grid=self.max_grid, dtype=dtype,
-                      **self.transformer)(x, positions, mask, train=train)
+                      **self.transformer)(x, positions, seg, train=train)
     if self.merge_patches:
       return PatchMerger(self.merge_dim or self.hidden_size, dtype=dtype,
                          name='patch_merger')(x, seg, *positions[:2])

@@ -5,12 +5,14 @@ Some implementations pay off on one backend only: `lean_ops`' custom
 backward passes and the heads-first attention were measured faster and
 leaner on XLA:CPU, and cost HBM traffic on a TPU (docs/performance.md);
 cuDNN's flash attention runs on recent NVIDIA GPUs only
-(`attention_implementation`). The models ask `platform()`: the platform of
+(`attention_implementation`), Pallas' splash attention on TPUs for long
+sequences. The models ask `platform()`: the platform of
 the devices the caller compiles for (`compiling_for`: the loop's mesh,
 `vit_jax.plan`'s TPU slice), else `jax.default_backend()`, so that a
 user's own `jax.jit` of `model.apply` in a TPU process gets the TPU path;
 and `capability()`: the compute capability of those devices if they are
-NVIDIA GPUs.
+NVIDIA GPUs; and `mesh()`: the mesh a step is traced for, over whose
+batch axis a kernel XLA cannot partition runs (`jax.shard_map`).
 """
 
 import contextlib
@@ -23,6 +25,18 @@ import numpy as np
 
 # A device of those compiled for, or only their platform's name.
 _TARGET = contextvars.ContextVar('vit_jax_target', default=None)
+# The mesh compiled for, if the caller gave one; else how many devices.
+_MESH = contextvars.ContextVar('vit_jax_mesh', default=None)
+_COUNT = contextvars.ContextVar('vit_jax_count', default=None)
+# An attention implementation forced on every target (tests).
+_ATTENTION = contextvars.ContextVar('vit_jax_attention', default=None)
+
+# Sequences of at least this many tokens take splash attention on a TPU.
+# Below it, XLA's fused attention holds no (tokens x tokens) temporaries
+# either, and its roofline time is about the kernel's or better (ViT-B's
+# heads, v5e: 577 tokens 221 us against 247; from 768 the kernel's is at
+# most XLA's; benchmarks/long_attention.py --tokens, docs/performance.md).
+SPLASH_MIN_TOKENS = 768
 
 
 def _first(devices):
@@ -45,6 +59,15 @@ def platform() -> str:
   """'cpu', 'tpu' or 'gpu': what the program being traced will run on."""
   target = _TARGET.get()
   return platform_of(target) if target is not None else jax.default_backend()
+
+
+def mesh():
+  """The mesh compiled for, if the caller gave one (the loop's), else
+  jax's current mesh (`jax.set_mesh`), else None."""
+  if _MESH.get() is not None:
+    return _MESH.get()
+  current = jax.sharding.get_abstract_mesh()
+  return None if current.empty else current
 
 
 def capability(devices=None) -> Optional[Tuple[int, int]]:
@@ -73,27 +96,76 @@ def compiling_for(devices):
   jit traces a function at its first call: wrap the traced function's body
   (`traced_for`), or its `.lower()`, not the `jax.jit` call.
   """
-  token = _TARGET.set(_first(devices))
+  is_mesh = isinstance(devices, jax.sharding.Mesh)
+  count = None
+  if not isinstance(devices, str):
+    count = 1 if hasattr(devices, 'platform') else np.size(
+        devices.devices if is_mesh else list(devices))
+  tokens = (_TARGET.set(_first(devices)),
+            _MESH.set(devices if is_mesh else None), _COUNT.set(count))
   try:
     yield
   finally:
-    _TARGET.reset(token)
+    for var, token in zip((_TARGET, _MESH, _COUNT), tokens):
+      var.reset(token)
 
 
 def traced_for(devices, fn):
   """`fn`, whose traces choose implementations for `devices`."""
-  first = _first(devices)
 
   def wrapped(*args, **kwargs):
-    with compiling_for(first):
+    with compiling_for(devices):
       return fn(*args, **kwargs)
   return wrapped
 
 
-def attention_implementation(dtype, head_dim: int, masked: bool) -> str:
+@contextlib.contextmanager
+def using_attention(implementation: str):
+  """Attention traced in this block runs `implementation`, whatever the
+  target ('splash' on a CPU runs the kernel in Pallas' interpreter), where
+  it can: 'splash' takes no bias or dense mask."""
+  token = _ATTENTION.set(implementation)
+  try:
+    yield
+  finally:
+    _ATTENTION.reset(token)
+
+
+def _places_kernels() -> bool:
+  """Whether a kernel's inputs are known to be whole on one device, or
+  split over the `data` axis of a known mesh (`mesh()`): XLA cannot
+  partition a Pallas call, and refuses to compile one on other shardings.
+  """
+  count = _COUNT.get()
+  if count is None:  # a platform by name: this process's devices
+    count = jax.device_count()
+  return count == 1 or (mesh() is not None and 'data' in mesh().shape)
+
+
+def _compiles_tpu_kernels() -> bool:
+  """Whether the program traced is compiled for TPU devices: a slice's
+  (real or described), or by name in a TPU process; not a TPU's choices
+  lowered on a CPU (`plan` counts the model's FLOPs so)."""
+  device = _TARGET.get()
+  if device is None or isinstance(device, str):
+    return jax.default_backend() == 'tpu'
+  return device.platform == 'tpu'
+
+
+def attention_implementation(dtype, head_dim: int, masked: bool,
+                             tokens: int = 0, segmented: bool = False) -> str:
   """How attention of `dtype` query, key and value runs on the target:
-  'heads_first' (the CPU's), 'cudnn' (cuDNN's flash attention) or 'xla'
-  (XLA's fusions: the TPU's, and a GPU's where cuDNN's may not run).
+  'heads_first' (the CPU's), 'cudnn' (cuDNN's flash attention), 'splash'
+  (Pallas' splash attention on TPUs, from SPLASH_MIN_TOKENS `tokens` on)
+  or 'xla' (XLA's fusions: the TPU's, and a GPU's where cuDNN's may not
+  run). `masked`: a bias or a dense mask; `segmented`: packed sequences'
+  segment ids, which only the splash kernel takes as they are (the others
+  get the dense mask they make).
+
+  Splash attention's memory is linear in the tokens; XLA's keeps (tokens
+  x tokens) logits per head. It runs where the program is compiled for
+  TPU devices (`_compiles_tpu_kernels`) on one device or a known mesh
+  (`_places_kernels`), without a bias or dense mask.
 
   cuDNN's limits, as jax 0.10.2 checks them (jax/_src/cudnn/
   fused_attention_stablehlo.py): fp16 or bf16 query, key and value of one
@@ -105,8 +177,17 @@ def attention_implementation(dtype, head_dim: int, masked: bool) -> str:
   frontend's docs, operations/Attention, "Support Matrix"), so a T4 (7.5)
   fails when it compiles. A bias or mask stays on XLA's path, as before.
   """
+  forced = _ATTENTION.get()
+  if forced is not None and not (forced == 'splash' and masked):
+    return forced
   if platform() == 'cpu':
     return 'heads_first'
+  if platform() == 'tpu':
+    long = tokens >= SPLASH_MIN_TOKENS
+    fits = (long and not masked and _compiles_tpu_kernels() and
+            _places_kernels())
+    return 'splash' if fits else 'xla'
+  masked = masked or segmented
   cap = capability() if platform() == 'gpu' and not masked else None
   if cap is None:
     return 'xla'
