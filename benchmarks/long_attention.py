@@ -21,9 +21,12 @@ step).
   python benchmarks/long_attention.py --topology=v5e:2x2 \
       --config=vit_jax/configs/augreg.py:b16,none,i1k \
       --tokens=197,257,577,1025,2049,4097
-  # another model (e.g. a video config: its frame size field)
-  python benchmarks/long_attention.py --config=PATH.py:ARG \
-      --size_field=pp.crop --sizes=224
+  # ViViT-B at 8 and 32 frames of 224 px
+  python benchmarks/long_attention.py --topology=v5e:2x2 \
+      --config=configs/vivit_fmnist.py:scratch \
+      --config.model_name=ViViT-B_16x2 --config.model.dtype=bfloat16 \
+      --config.pp.crop=224 --num_classes=400 \
+      --size_field=video.frames --sizes=8,32
 """
 
 import argparse
@@ -46,7 +49,7 @@ from vit_jax.models import attention
 from vit_jax.platform import target
 
 flags.DEFINE_list('sizes', ['224', '512', '1024', '1536'],
-                  'Image sides in pixels (the value of --size_field).')
+                  'Values of --size_field: image sides in pixels, or frames.')
 flags.DEFINE_string('size_field', 'pp.crop',
                     "The config field that sets the input's side.")
 flags.DEFINE_integer('per_chip', 2, 'Images (examples) per chip.')
@@ -169,14 +172,31 @@ def threshold_table(devices, chip):
             f'{seconds * 1e6:.0f} us |', flush=True)
 
 
+def unit() -> str:
+  """The size column's unit: pixels, or the --size_field's name."""
+  return 'px' if FLAGS.size_field == 'pp.crop' else FLAGS.size_field.split(
+      '.')[-1]
+
+
 def print_row(row, tokens):
   e = row.estimate
-  print(f'| {row.size} px | {tokens} | {row.implementation} | '
+  print(f'| {row.size} {unit()} | {tokens} | {row.implementation} | '
         f'{e.temp_gib:.2f} GiB | {plan.si(e.hbm_bytes, "B")} | '
         f'{plan.si(e.flops, "FLOP")} | {e.seconds * 1e3:.1f} ms '
         f'({e.bound}) | {plan.si(row.kernel_bytes, "B")} | '
         f'{row.all_gathers} |', flush=True)
   print(f'  (compiled in {row.seconds:.0f} s)', file=sys.stderr, flush=True)
+
+
+def longest_sequence(config) -> int:
+  """Tokens of the model's longest attention: a ViT's patches and class
+  token; a video's tubelets of all frames and the class token, or, in the
+  factorised encoder, one frame's (its spatial transformer's)."""
+  patch = config.model.get('patches', {}).get('size', (16, 16))
+  tokens = (config.pp.crop // patch[0]) * (config.pp.crop // patch[1])
+  if config.get('video') and config.model.get('encoder') == 'unfactorised':
+    tokens *= config.video.frames // config.model.tubelet
+  return tokens + 1
 
 
 def big_vision_row(config, devices, size):
@@ -219,8 +239,7 @@ def main(argv):
     sized = plan._with(  # pylint: disable=protected-access
         config, batch=FLAGS.per_chip * chips, accum_steps=1,
         **{FLAGS.size_field: size})
-    patch = sized.model.get('patches', {}).get('size', (16, 16))
-    tokens = (size // patch[0]) * (size // patch[1]) + 1
+    tokens = longest_sequence(sized)
     for implementation in FLAGS.implementations:
       try:
         row = compile_row(sized, devices, info, chip, size, implementation)
@@ -228,7 +247,7 @@ def main(argv):
         if not plan._out_of_memory(e):  # pylint: disable=protected-access
           raise
         needed = plan._NEEDED.search(str(e))  # pylint: disable=protected-access
-        print(f'| {size} px | {tokens} | {implementation} | does not fit '
+        print(f'| {size} {unit()} | {tokens} | {implementation} | does not fit '
               f'{chip.hbm_gib:g} GiB: temporaries '
               f'{"".join(needed.groups()) if needed else "?"}B |',
               flush=True)

@@ -268,6 +268,7 @@ def describe(config, chip, chips, compiled: Compiled, e: Estimate,
              img_per_core=None):
   """The plan, per chip, as lines of text."""
   transformer = config.model.get('transformer') or {}
+  frames = config.video.frames if config.get('video') else 1
   hosts = max(1, chips // chip.chips_per_host)
   lines = [
       f'{config.model_name} on {chip.name}, {chips} chips ({hosts} '
@@ -290,15 +291,19 @@ def describe(config, chip, chips, compiled: Compiled, e: Estimate,
       f'TFLOP/s and {chip.hbm_gbps:g} GB/s; collectives and the host not '
       'counted):',
       f'  step time    {e.seconds * 1e3:10.3g} ms ({e.bound} bound)',
-      f'  images/s     {e.img_per_s:10.0f} per chip',
+      f'  {"clips" if frames > 1 else "images"}/s'
+      f'{" " * (5 if frames > 1 else 4)}{e.img_per_s:10.0f} per chip',
       f'  MFU          {100 * e.mfu:10.1f} %']
   recipe = host_recipe(config)
   rate = img_per_core or HOST_IMG_PER_CORE.get(recipe)
   if rate:
-    cores = math.ceil(e.img_per_s * min(chips, chip.chips_per_host) / rate)
+    # A clip's frames are decoded and cropped as so many images.
+    cores = math.ceil(e.img_per_s * frames * min(chips, chip.chips_per_host)
+                      / rate)
     lines.append(f'  host cores   {cores:10d} per host of '
                  f'{min(chips, chip.chips_per_host)} chips, at {rate:g} img/s '
-                 f'per core ({recipe}, 224 px)')
+                 f'per core ({recipe}, 224 px'
+                 f'{f"; {frames} frames a clip" if frames > 1 else ""})')
     if config.pp.crop != 224 and not img_per_core:
       lines.append(f'  (this config crops {config.pp.crop} px: measure its '
                    f'rate with benchmarks/input_speed.py --size='

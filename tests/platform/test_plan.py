@@ -199,3 +199,20 @@ def test_captioning_step_lowers_for_a_slice():
   text = lowered.as_text()
   assert 'mhlo.num_partitions = 4' in text
   assert 'tensor<128x24xi32>' in text  # the global batch of captions
+
+
+def test_a_video_plan_counts_clips_and_each_clips_frames_for_the_host():
+  from configs import vivit_fmnist  # pylint: disable=g-import-not-at-top
+  config = vivit_fmnist.get_config('scratch')
+  chip, chips = plan.parse_topology('v5e:2x2')
+  compiled = plan.Compiled(executable=None, micro_batch=8, state_bytes=0,
+                           model_flops=0., flops=0., hbm_bytes=0.)
+  e = plan.Estimate(state_gib=0., temp_gib=0., total_gib=0., flops=1e9,
+                    hbm_bytes=1e9, seconds=0.01, bound='HBM bandwidth',
+                    img_per_s=800., mfu=0.)
+  text = '\n'.join(plan.describe(config, chip, chips, compiled, e,
+                                 img_per_core=1000))
+  assert _figure(text, 'clips/s') == 800 and 'images/s' not in text
+  # 800 clips/s per chip of 8 frames, 4 chips a host, 1000 frames a core.
+  assert _figure(text, 'host cores') == np.ceil(800 * 8 * 4 / 1000)
+  assert '8 frames a clip' in text
