@@ -122,6 +122,28 @@ def test_one_device_equals_eight(fmnist_dirs, small_clips, tmp_path,
   chex.assert_trees_all_close(p1, p8, rtol=1e-4, atol=1e-6)
 
 
+def test_bfloat16_steps_follow_float32s(fmnist_dirs, small_clips, tmp_path):
+  """bf16 compute, float32 parameters: the 4 SGD steps' update is float32's
+  within bf16's precision, and not float32's bit for bit."""
+  config = _small('from_image', fmnist_dirs)
+  config.pretrained_path = _image_vit(config, tmp_path / 'image.npz')[0]
+  config.optimizer, config.weight_decay, config.base_lr = 'sgd', 0., 0.1
+  runs = {}
+  for name, dtype, lr in (('start', 'float32', 0.), ('f32', 'float32', 0.1),
+                          ('bf16', 'bfloat16', 0.1)):
+    config.model.dtype, config.base_lr = dtype, lr
+    runs[name] = launch.train_and_evaluate(config, str(tmp_path / name))
+  leaves = lambda t: np.concatenate(
+      [np.ravel(x) for x in jax.tree_util.tree_leaves(t)])
+  assert all(x.dtype == jnp.float32
+             for x in jax.tree_util.tree_leaves(runs['bf16']))
+  start, f32, bf16 = (leaves(runs[k]) for k in ('start', 'f32', 'bf16'))
+  step32, step16 = f32 - start, bf16 - start
+  assert np.linalg.norm(step32) > 0
+  assert np.linalg.norm(step16 - step32) < 0.05 * np.linalg.norm(step32)
+  assert not np.array_equal(step16, step32)
+
+
 def test_a_crash_resumes_to_the_same_parameters(fmnist_dirs, small_clips,
                                                 tmp_path, monkeypatch):
   config = _small('scratch', fmnist_dirs)
