@@ -140,6 +140,15 @@ def test_models_cli_needs_no_compute():
   assert 'Unable to initialize backend' not in result.stderr
 
 
+def test_models_cli_feeds_a_video_model_clips():
+  result = _run('-m', 'vit_jax.models', '--name=ViViT-B_16x2',
+                '--num_classes=400')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == (
+      'ViViT-B_16x2: 88,954,000 parameters; clips (2, 32, 224, 224, 3) -> '
+      'logits (2, 400)')
+
+
 def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
   """Two processes preparing the same dataset at once both succeed."""
   manual, _ = fmnist_dirs

@@ -141,6 +141,27 @@ def test_resume_after_crash_equals_uninterrupted(reference, tmp_path,
   chex.assert_trees_all_close(resumed, expected, rtol=1e-6, atol=1e-7)
 
 
+def test_a_crash_finishes_the_save_in_flight(reference, tmp_path,
+                                             monkeypatch, capsys):
+  """A crash while the first checkpoint (step 2) is still being written
+  waits for it: it is kept, not raced by the new workdir's cleanup."""
+  config, _, expected = reference
+
+  def crash(batch):  # step 3's batch, fetched just after step 2's save
+    del batch
+    raise RuntimeError('simulated crash')
+
+  interrupt_at(monkeypatch, 2, crash)
+  with pytest.raises(RuntimeError, match='simulated crash'):
+    launch.train_and_evaluate(config, str(tmp_path))
+  assert os.path.isdir(tmp_path / 'checkpoints' / '2')
+  monkeypatch.undo()
+  capsys.readouterr()
+  resumed = launch.train_and_evaluate(config, str(tmp_path))
+  assert 'Resuming from step 2' in capsys.readouterr().out
+  chex.assert_trees_all_close(resumed, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_sigterm_saves_then_resume_equals_uninterrupted(reference, tmp_path,
                                                         monkeypatch, capsys):
   config, _, expected = reference

@@ -19,11 +19,13 @@ def _main(argv):
     return
   model = models.get_model(FLAGS.name, num_classes=FLAGS.num_classes)
   size = FLAGS.size or registry.native_resolution(FLAGS.name) or 224
-  shape = (FLAGS.batch, size, size, 3)
+  shape, kind = (FLAGS.batch, size, size, 3), 'images'
+  if 'tubelet' in models.MODEL_CONFIGS[FLAGS.name]:  # a video model: clips
+    shape, kind = (FLAGS.batch, FLAGS.frames, size, size, 3), 'clips'
   logits, _ = jax.eval_shape(lambda: model.init_with_output(  # no compute
       jax.random.key(1), jnp.zeros(shape), train=False))
   print(f'{FLAGS.name}: {models.count_params(model, shape):,} parameters; '
-        f'images {shape} -> logits {tuple(logits.shape)}')
+        f'{kind} {shape} -> logits {tuple(logits.shape)}')
 
 
 if __name__ == '__main__':
@@ -32,4 +34,6 @@ if __name__ == '__main__':
   flags.DEFINE_integer('size', None, "Image side (default: the preset's "
                        'native resolution, else 224).')
   flags.DEFINE_integer('batch', 2, 'Batch size.')
+  flags.DEFINE_integer('frames', 32, "A video model's frames per clip "
+                       "(Scenic's Kinetics configs: 32).")
   cli.run(_main)

@@ -269,6 +269,11 @@ def _train(config, state, train_fn, batches, manager, evaluators, writer,
     raise FloatingPointError(
         f'{e} The last good checkpoint is step {manager.latest_step()} in '
         f'{manager.directory}.') from None
+  except BaseException:
+    # Any other failure (the data, a KeyboardInterrupt): a save in flight
+    # is finished, not lost, nor raced by a cleanup of the workdir.
+    manager.wait_until_finished()
+    raise
   finally:
     reporter.close()
   return state, step, result
