@@ -138,28 +138,23 @@ def test_two_processes_equal_one(reference, fmnist_dirs, tmp_path):
   assert two['accuracy'] == one['accuracy']
 
 
-def test_sigterm_to_one_process_then_resume_on_one(reference, fmnist_dirs,
-                                                     tmp_path):
-  """Both save the step the sync point names; 1 process finishes the run."""
-  workdir = str(tmp_path)
-  procs = _start(workdir, fmnist_dirs, 2)
-  _signal_when(procs, workdir, '[10/', target=1, sig=signal.SIGTERM)
-  assert _wait(procs) == [0, 0], _log(workdir, 1)
-  saved = {_log(workdir, i).split('Preempted: saved step ')[1].split()[0]
-           for i in range(2)}
-  assert len(saved) == 1, saved
-  assert int(saved.pop()) < STEPS
-  _run(workdir, fmnist_dirs, 1)
-  _assert_same_params(workdir, reference)
-
-
-def test_one_process_checkpoint_resumes_on_two(reference, fmnist_dirs,
-                                                tmp_path):
+def test_preempted_runs_resume_across_topologies(reference, fmnist_dirs,
+                                                 tmp_path):
+  """1 process saves on SIGTERM and 2 resume it; SIGTERM to one of those 2:
+  both save the step the sync point names, and 1 process finishes the run
+  as the uninterrupted one did."""
   workdir = str(tmp_path)
   procs = _start(workdir, fmnist_dirs, 1)
   _signal_when(procs, workdir, '[10/', target=0, sig=signal.SIGTERM)
   assert _wait(procs) == [0] and 'Preempted' in _log(workdir)
-  _run(workdir, fmnist_dirs, 2)
+  procs = _start(workdir, fmnist_dirs, 2)  # the logs are appended to
+  _signal_when(procs, workdir, '[15/', target=1, sig=signal.SIGTERM)
+  assert _wait(procs) == [0, 0], _log(workdir, 1)
+  saved = {_log(workdir, i).split('Preempted: saved step ')[-1].split()[0]
+           for i in range(2)}
+  assert len(saved) == 1, saved
+  assert 15 <= int(saved.pop()) < STEPS
+  _run(workdir, fmnist_dirs, 1)
   _assert_same_params(workdir, reference)
 
 
