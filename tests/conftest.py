@@ -127,10 +127,11 @@ def make_tiny_config(fmnist_dirs):
   return config
 
 
-def interrupt_at(monkeypatch, batch_index, action):
-  """Runs `action(batch)` when the training stream hands out batch
+def interrupt_at(monkeypatch, batch_index, action, stream=pipeline):
+  """Runs `action(batch)` when the training stream (`stream.train_iterator`:
+  the image pipeline's, or e.g. `data.video`'s) hands out batch
   `batch_index` (a crash, a SIGTERM, a poisoned batch)."""
-  original = pipeline.train_iterator
+  original = stream.train_iterator
 
   def wrapped(*args, **kw):
     for i, batch in enumerate(original(*args, **kw)):
@@ -138,7 +139,7 @@ def interrupt_at(monkeypatch, batch_index, action):
         action(batch)
       yield batch
 
-  monkeypatch.setattr(pipeline, 'train_iterator', wrapped)
+  monkeypatch.setattr(stream, 'train_iterator', wrapped)
 
 
 # The folders whose tests train, compile for a slice or start processes:

@@ -13,6 +13,7 @@ import scipy.ndimage
 import scipy.special
 import tensorflow as tf
 
+from tests.conftest import interrupt_at
 from vit_jax.checkpoints import files
 from vit_jax import losses
 from vit_jax import launch
@@ -439,15 +440,12 @@ def test_a_crash_resumes_to_the_same_state(fmnist_dirs, tmp_path,
   config.total_steps, config.checkpoint_every = 8, 4
   config.evals.knn.every = config.evals.fewshot.every = None
   whole = launch.train_and_evaluate(config, str(tmp_path / 'whole'))
-  original = pipeline.train_iterator
 
-  def crashing(*args, **kw):
-    for i, batch in enumerate(original(*args, **kw)):
-      if i == 6:  # in step 7, after step 4's checkpoint
-        raise RuntimeError('simulated crash')
-      yield batch
+  def crash(batch):  # in step 7, after step 4's checkpoint
+    del batch
+    raise RuntimeError('simulated crash')
 
-  monkeypatch.setattr(pipeline, 'train_iterator', crashing)
+  interrupt_at(monkeypatch, 6, crash)
   with pytest.raises(RuntimeError, match='simulated crash'):
     launch.train_and_evaluate(config, str(tmp_path / 'resumed'))
   monkeypatch.undo()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests import helpers
+from tests.conftest import interrupt_at
 from vit_jax import checkpoint  # the original's module name
 from vit_jax import launch
 from vit_jax import models
@@ -149,15 +150,12 @@ def test_a_crash_resumes_to_the_same_parameters(fmnist_dirs, small_clips,
   config = _small('scratch', fmnist_dirs)
   config.total_steps = 6
   whole = launch.train_and_evaluate(config, str(tmp_path / 'whole'))
-  original = video_data.train_iterator
 
-  def crashing(*args, **kw):
-    for i, batch in enumerate(original(*args, **kw)):
-      if i == 5:  # in step 6, after step 4's checkpoint
-        raise RuntimeError('simulated crash')
-      yield batch
+  def crash(batch):  # in step 6, after step 4's checkpoint
+    del batch
+    raise RuntimeError('simulated crash')
 
-  monkeypatch.setattr(video_data, 'train_iterator', crashing)
+  interrupt_at(monkeypatch, 5, crash, stream=video_data)
   with pytest.raises(RuntimeError, match='simulated crash'):
     launch.train_and_evaluate(config, str(tmp_path / 'resumed'))
   monkeypatch.undo()

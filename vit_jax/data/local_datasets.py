@@ -70,7 +70,29 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
       yield i, {'image': image[..., None], 'label': int(label)}
 
 
-class FashionMnistScenes(tfds.core.GeneratorBasedBuilder):
+class _DrawnFromFashionMnist:
+  """A builder whose examples are drawn from Fashion-MNIST's items:
+  NUM_TRAIN from its training images (split index 0), NUM_TEST from its
+  test images (1), the i-th by `_example(rng, images, labels)` with
+  `np.random.default_rng([SEED, split index, i])`."""
+
+  def _split_generators(self, dl_manager):
+    return {
+        'train': self._generate_examples(
+            _fashion_mnist_files(dl_manager, 'train'), 0, self.NUM_TRAIN),
+        'test': self._generate_examples(
+            _fashion_mnist_files(dl_manager, 't10k'), 1, self.NUM_TEST)}
+
+  def _generate_examples(self, files, split_index, count):
+    images, labels = _read_fashion_mnist(*files)
+    for i in range(count):
+      # Seeded by position, so no example depends on the order of generation.
+      rng = np.random.default_rng([self.SEED, split_index, i])
+      yield i, self._example(rng, images, labels)
+
+
+class FashionMnistScenes(_DrawnFromFashionMnist,
+                        tfds.core.GeneratorBasedBuilder):
   """Segmentation scenes of Fashion-MNIST items (see `scenes`), captioned."""
 
   VERSION = tfds.core.Version('1.1.0')
@@ -117,23 +139,12 @@ class FashionMnistScenes(tfds.core.GeneratorBasedBuilder):
         }),
     )
 
-  def _split_generators(self, dl_manager):
-    return {
-        'train': self._generate_examples(
-            _fashion_mnist_files(dl_manager, 'train'), 0, self.NUM_TRAIN),
-        'test': self._generate_examples(
-            _fashion_mnist_files(dl_manager, 't10k'), 1, self.NUM_TEST)}
-
-  def _generate_examples(self, files, split_index, count):
-    images, labels = _read_fashion_mnist(*files)
-    for i in range(count):
-      # Seeded by position, so no scene depends on the order of generation.
-      rng = np.random.default_rng([self.SEED, split_index, i])
-      image, mask = scenes.make_scene(
-          rng, images, labels, size=self.SIZE, items=self.ITEMS,
-          item_sizes=self.ITEM_SIZES)
-      yield i, {'image': image, 'segmentation_mask': mask,
-                'caption': scenes.caption(mask, scenes.CAPTION_NAMES)}
+  def _example(self, rng, images, labels):
+    image, mask = scenes.make_scene(
+        rng, images, labels, size=self.SIZE, items=self.ITEMS,
+        item_sizes=self.ITEM_SIZES)
+    return {'image': image, 'segmentation_mask': mask,
+            'caption': scenes.caption(mask, scenes.CAPTION_NAMES)}
 
 
 class MovingFashionMnistConfig(tfds.core.BuilderConfig):
@@ -144,7 +155,8 @@ class MovingFashionMnistConfig(tfds.core.BuilderConfig):
     self.frames, self.size = frames, size
 
 
-class MovingFashionMnist(tfds.core.GeneratorBasedBuilder):
+class MovingFashionMnist(_DrawnFromFashionMnist,
+                         tfds.core.GeneratorBasedBuilder):
   """Clips of one Fashion-MNIST item moving and bouncing (see `moving`).
 
   `moving_fashion_mnist` is 16 frames of 56 pixels;
@@ -186,23 +198,12 @@ class MovingFashionMnist(tfds.core.GeneratorBasedBuilder):
         supervised_keys=('video', 'label'),
     )
 
-  def _split_generators(self, dl_manager):
-    return {
-        'train': self._generate_examples(
-            _fashion_mnist_files(dl_manager, 'train'), 0, self.NUM_TRAIN),
-        'test': self._generate_examples(
-            _fashion_mnist_files(dl_manager, 't10k'), 1, self.NUM_TEST)}
-
-  def _generate_examples(self, files, split_index, count):
-    images, labels = _read_fashion_mnist(*files)
-    for i in range(count):
-      # Seeded by position, so no clip depends on the order of generation.
-      rng = np.random.default_rng([self.SEED, split_index, i])
-      clip, label = moving.make_clip(
-          rng, images, labels, frames=self.builder_config.frames,
-          size=self.builder_config.size, speed=self.SPEED,
-          overhang=self.OVERHANG)
-      yield i, {'video': clip, 'label': label}
+  def _example(self, rng, images, labels):
+    clip, label = moving.make_clip(
+        rng, images, labels, frames=self.builder_config.frames,
+        size=self.builder_config.size, speed=self.SPEED,
+        overhang=self.OVERHANG)
+    return {'video': clip, 'label': label}
 
 
 class Mnist5k(tfds.core.GeneratorBasedBuilder):
