@@ -66,8 +66,6 @@ PARTS = [
     ('platform', r'vit_jax\.platform(\..*)?'),
     ('checkpoint files', r'vit_jax\.checkpoints\.(files|storage|pretrained)'),
     ('checkpoint reading', r'vit_jax\.checkpoints(\..*)?'),
-    # The models' face also offers `from_pretrained` (vit_jax.pretrained).
-    ('face', r'vit_jax\.models'),
     ('models', r'vit_jax\.models(\..*)?'),
     ('data pipeline', r'vit_jax\.data\.pipeline'),
     ('data', r'vit_jax\.data(\..*)?'),

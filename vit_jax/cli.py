@@ -89,7 +89,7 @@ def run(main, config_flag=None):
       logging.set_verbosity(logging.WARNING)  # absl's default, INFO, is noise
     try:
       return main(argv)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, app.UsageError) as e:  # one line, no flag listing
       if _verbose():
         raise
       print(f'Error: {e}', file=sys.stderr, flush=True)

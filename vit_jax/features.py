@@ -126,14 +126,10 @@ def check_flags(paths):
 def load(checkpoint: str):
   """(backbone module, its parameters, the image transform), as `predict`
   reads the checkpoint and says the transform on stderr."""
-  path = converter.as_npz(checkpoint)
-  recorded = transform.load_transform(path)
-  model_name = FLAGS.model_name or (recorded or {}).get('model_name')
-  if not model_name:
-    raise ValueError(f'--model_name: {checkpoint} has no record that names '
-                     'its preset.')
-  loaded = models.from_pretrained(path, model_name=model_name,
+  path, recorded = converter.checkpoint_and_record(checkpoint)
+  loaded = models.from_pretrained(path, model_name=FLAGS.model_name,
                                   image_size=FLAGS.size)
+  model_name = FLAGS.model_name or (recorded or {}).get('model_name', '')
   module, params = backbone.image_encoder(loaded.model, loaded.params)
   spec = predict.transform_for(path, recorded, loaded.transform.size,
                                model_name)

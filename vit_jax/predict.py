@@ -26,7 +26,6 @@ import numpy as np
 
 from vit_jax.checkpoints import loading
 from vit_jax import cli
-from vit_jax import models
 from vit_jax.convert import converter
 from vit_jax.convert import transform
 from vit_jax.models import registry
@@ -44,11 +43,13 @@ image_size = loading.image_size
 
 
 def load_classifier(model_name, path, size=None, recorded=None):
-  """(model, params, image side) for the checkpoint at `path`, with the
-  `model` overrides of its `recorded` transform (`transform`)."""
-  if model_name not in models.MODEL_CONFIGS:
-    raise ValueError(cli.closest(model_name, models.MODEL_CONFIGS, 'model'))
-  config, _ = transform.preset_settings(model_name, recorded)
+  """(model, params, image side) for the checkpoint at `path`: preset
+  `model_name`, else the model its `recorded` transform names, with the
+  record's `model` settings."""
+  config, _ = transform.preset_settings(model_name, recorded, source=path)
+  if 'tubelet' in config:
+    raise ValueError(f'{path} is a video model ({config["model_name"]}): '
+                     'predict classifies images.')
   model, params, size = loading.load_model(config, path, size)
   if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')
@@ -101,15 +102,11 @@ def main(argv):
   paths = argv[1:]
   if not paths:
     raise app.UsageError('Give one or more image files.')
-  checkpoint = converter.as_npz(FLAGS.checkpoint)
-  recorded = transform.load_transform(checkpoint)
-  model_name = FLAGS.model_name or (recorded or {}).get('model_name')
-  if not model_name:
-    raise app.UsageError(f'--model_name: {FLAGS.checkpoint} has no record '
-                         'that names its preset.')
+  checkpoint, recorded = converter.checkpoint_and_record(FLAGS.checkpoint)
   model, params, size = load_classifier(
-      model_name, checkpoint,
+      FLAGS.model_name, checkpoint,
       FLAGS.size or transform.recorded_size(recorded), recorded)
+  model_name = FLAGS.model_name or (recorded or {}).get('model_name', '')
   spec = transform_for(checkpoint, recorded, size, model_name)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
@@ -118,7 +115,8 @@ def main(argv):
       images.append(transform.prepare(path, spec))
       good.append(path)
     except (OSError, ValueError) as e:
-      print(f'{path}: error: {e}', file=sys.stderr)
+      print(f'Error: {e}' if path in str(e) else f'Error: {path}: {e}',
+            file=sys.stderr)
   if good:
     for path, probs in zip(good, predict(model, params, images)):
       print(f'{path}:')

@@ -5,9 +5,10 @@ from_pretrained`).
   x = transform.prepare('image.jpg', m.transform)[None]
   features = m.model.apply({'params': m.params}, x, train=False)
 
-The source is a published .npz (its record beside it, if any), a timm or
-transformers folder or weights file or hub name (converted once, and
-cached: `convert.converter.as_npz`), or big_vision's .npz. The model is the
+The source is a published .npz (its record beside it, if any), a training
+workdir (its export and record, else its `config.json` and latest state),
+a timm or transformers folder or weights file or hub name (converted once,
+and cached: `convert.converter.as_npz`), or big_vision's .npz. The model is the
 preset plus everything the record says (the settings that differ, the
 head, the table's resize), at the recorded image size; a two-tower model
 (LiT, CLIP, SigLIP) takes its towers' sizes from the file.
@@ -20,8 +21,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from vit_jax import cli
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import record as checkpoint_record
 from vit_jax.checkpoints import loading
 from vit_jax.convert import converter
 from vit_jax.convert import transform as transforms
@@ -56,20 +57,17 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   key), e.g. `classifier='token_unpooled'` for every token's features.
   """
   src = os.fspath(src)
-  path = converter.as_npz(src, model_name)
-  record = transforms.load_transform(path) or {}
+  path, record = converter.checkpoint_and_record(src, model_name)
+  record = record or {}
   name = model_name or record.get('model_name') or _preset_in_name(path)
   if name is None:
     raise ValueError(f'{src}: neither a record nor its name says which preset '
                      'it is: pass model_name=.')
-  if name not in registry.MODEL_CONFIGS:
-    raise ValueError(cli.closest(name, registry.MODEL_CONFIGS, 'model_name'))
-  config = transforms.merged(transforms.model_config(registry.MODEL_CONFIGS[name],
-                                           record), overrides)
+  name, config = checkpoint_record.settings(record, name, source=src)
+  config = transforms.merged(config, overrides)
   size = image_size or transforms.recorded_size(record)
-  normalization = (transforms.recorded_normalization(record) or
-                   registry.input_normalization(name))
-  if registry.model_class(name) is lit.LitModel:
+  normalization = checkpoint_record.normalization(record, name)
+  if registry.model_class(name, config) is lit.LitModel:
     model, params, size = _two_towers(config, path)
   else:
     # load_params resizes the table as the record says (posemb_resize).

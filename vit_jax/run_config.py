@@ -25,7 +25,6 @@ from vit_jax import cli
 from vit_jax.checkpoints import pretrained
 from vit_jax.checkpoints import storage
 from vit_jax.convert import converter
-from vit_jax.convert import hub
 from vit_jax.convert import transform
 from vit_jax.models import registry
 
@@ -74,12 +73,14 @@ def checkpoint_record(config) -> Optional[Dict[str, Any]]:
 def _convert_pretrained(config) -> None:
   """A timm or transformers folder, weights file or hub name as
   `pretrained_path`: converted once (`converter.as_npz`), the run reads the
-  .npz and its record."""
+  .npz and its record; a training workdir: its export, if it has one."""
   path = config.get('pretrained_path')
-  if path and hub.is_convertible(path):
-    config.pretrained_path = converter.as_npz(path)
-    _note(f'config.pretrained_path={path} is read as '
-          f'{config.pretrained_path}')
+  if not path or (storage.is_remote(path) and not path.startswith('gs://')):
+    return
+  found, _ = converter.checkpoint_and_record(path)
+  if found != path:
+    config.pretrained_path = found
+    _note(f'config.pretrained_path={path} is read as {found}')
 
 
 def _recorded_vocabulary(config, recorded) -> None:
@@ -155,13 +156,20 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
   before = _model_dict(config), _normalization(config)
   with out.unlocked():
     _convert_pretrained(out)
-    recorded_name = (checkpoint_record(out) or {}).get('model_name')
+    recorded = checkpoint_record(out) or {}
+    recorded_name = recorded.get('model_name')
     if ('model_name' not in given and recorded_name and
         recorded_name != name and recorded_name in registry.MODEL_CONFIGS):
       _note(f'{out.pretrained_path} is {recorded_name}, as its record says: '
             f'the run uses that preset, not {name}')
       out.model_name = name = recorded_name
       given['model_name'] = name
+    elif ('model_name' not in given and recorded_name and
+          recorded_name != name and recorded.get('model')):
+      _note(f'{out.pretrained_path} is the custom model {recorded_name}, as '
+            f'its record says: the run uses its model, not {name}\'s')
+      registry.set_model(out, recorded_name, recorded['model'])
+      name = recorded_name
     if 'model_name' in given:
       if name in registry.MODEL_CONFIGS:
         registry.set_model(out, name)

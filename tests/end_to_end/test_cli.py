@@ -49,8 +49,13 @@ def test_bad_config_flag_is_one_line(tmp_path, flag, message):
 
 def test_tensorflow_import_is_quiet():
   """TensorFlow's start-up lines are filtered out, by whichever module
-  imports it first; other lines written to stderr meanwhile pass."""
+  imports it first (flax.io looks for it before importing it), and CUDA's
+  failed start on a machine without a GPU; other lines pass."""
   result = _run('-c', 'import vit_jax, clu.metric_writers, tensorflow')
+  assert result.returncode == 0 and result.stderr == '', result.stderr
+  result = _run('-c', 'import vit_jax, flax.training.checkpoints; '
+                'import tensorflow as tf; '
+                "tf.config.set_visible_devices([], 'GPU')")
   assert result.returncode == 0 and result.stderr == '', result.stderr
   plain = _run('-c', 'import tensorflow')  # without vit_jax: the lines
   assert 'oneDNN custom operations are on' in plain.stderr
@@ -63,6 +68,9 @@ def test_filtered_stderr_keeps_what_is_not_noise(capfd):
              b'I0000 00:00:1796157084.382262    2123 port.cc:153] oneDNN\n'
              b'W0000 00:00:1796157084.4    2123 cpu_feature_guard.cc:227] x\n'
              b'To enable the following instructions: AVX2, in other\n'
+             b'E0000 00:00:1796500136.364917   17038 cuda_platform.cc:52] '
+             b'failed call to cuInit: INTERNAL: CUDA error: Failed call to '
+             b'cuInit: UNKNOWN ERROR (303)\n'
              b'E0000 00:00:1796157084.5    2123 foo.cc:1] a real error\n'
              b'Traceback (most recent call last):\n')
   assert capfd.readouterr().err == (

@@ -6,7 +6,8 @@ attention per head: PNGs and analysis.json.
   python -m vit_jax.analysis --config=configs/default.py \
       --checkpoint=/tmp/vit_default/ViT-fmnist.npz --out=/tmp/figures
 
-The model is a preset (`--model_name`) or a config file's (`--config`).
+The model is the one the checkpoint's record names (an export, a workdir),
+a preset (`--model_name`) or a config file's (`--config`).
 Image files are prepared as `predict` prepares them (the checkpoint's
 `NAME.transform.json`, `--crop_pct`, `--interpolation`...).
 The class-token figure (`class_token_attention.png`) is skipped, with a
@@ -39,15 +40,18 @@ from vit_jax import cli
 from vit_jax import predict
 from vit_jax import run_config
 from vit_jax.analysis import paper_figures
+from vit_jax.convert import converter
 from vit_jax.convert import transform
 
 FLAGS = flags.FLAGS
 HELD = []  # --config.model.* flags parsed against a preset's model
-flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16.')
+flags.DEFINE_string('model_name', None, 'Preset, e.g. ViT-B_16 (default: '
+                    "the checkpoint's record's).")
 config_flags.DEFINE_config_file(
     'config', None, 'Experiment config (its model and dataset), instead of '
     '--model_name.')
-flags.DEFINE_string('checkpoint', None, 'The .npz file.', required=True)
+flags.DEFINE_string('checkpoint', None, 'The .npz file or training workdir.',
+                    required=True)
 flags.DEFINE_string('out', None, 'Folder for the figures.', required=True)
 flags.DEFINE_integer('num_images', 128,
                      'Dataset or noise images for the attention distance.')
@@ -57,16 +61,17 @@ flags.DEFINE_bool('gray', False, 'The model was trained on gray images: '
 transform.define_flags()  # how image files are prepared, as for predict
 
 
-def run_settings(recorded):
-  """(model config dict, config or None): the preset's, or the config's as
-  `vit_jax.main` settles it (`run_config`); the checkpoint's record applied
-  to either."""
-  if (FLAGS.config is None) == (FLAGS.model_name is None):
-    raise app.UsageError('Give exactly one of --model_name and --config.')
+def run_settings(checkpoint, recorded):
+  """(model config dict, config or None): the preset's (default: the one
+  the checkpoint's record names), or the config's as `vit_jax.main`
+  settles it (`run_config`); the checkpoint's record applied to either."""
+  if FLAGS.config is not None and FLAGS.model_name is not None:
+    raise app.UsageError('Give at most one of --model_name and --config.')
   if FLAGS.config is None:
-    return transform.preset_settings(FLAGS.model_name, recorded)[0], None
+    return transform.preset_settings(FLAGS.model_name, recorded,
+                                     source=FLAGS.checkpoint)[0], None
   with FLAGS.config.unlocked():  # whose record applies
-    FLAGS.config.pretrained_path = FLAGS.checkpoint
+    FLAGS.config.pretrained_path = checkpoint
   config = run_config.resolve(
       FLAGS.config, config_flags.get_override_values(FLAGS['config']), HELD)
   return config.model.to_dict(), config
@@ -75,8 +80,9 @@ def run_settings(recorded):
 def inputs(paths, size, recorded, config):
   """(images, a note saying what they are)."""
   if paths:
-    spec = predict.transform_for(FLAGS.checkpoint, recorded, size,
-                                      FLAGS.model_name or '')
+    spec = predict.transform_for(
+        FLAGS.checkpoint, recorded, size,
+        FLAGS.model_name or (recorded or {}).get('model_name') or '')
     return (np.stack([predict.read_image(p, spec) for p in paths]),
             f'the {len(paths)} image files given')
   if config is not None:
@@ -95,10 +101,9 @@ def main(argv):
   tf.config.set_visible_devices([], 'GPU')  # TF only decodes images
   if not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
-  recorded = transform.load_transform(FLAGS.checkpoint)
-  model_config, config = run_settings(recorded)
-  model, params, size = paper_figures.load_model(model_config,
-                                                 FLAGS.checkpoint)
+  checkpoint, recorded = converter.checkpoint_and_record(FLAGS.checkpoint)
+  model_config, config = run_settings(checkpoint, recorded)
+  model, params, size = paper_figures.load_model(model_config, checkpoint)
   images, note = inputs(argv[1:], size, recorded, config)
   print(f'Attention figures from {note}; embedding figures from the '
         'parameters alone.', flush=True)

@@ -16,6 +16,7 @@ import numpy as np
 
 from vit_jax import cli
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import record as records
 from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import export
@@ -449,6 +450,8 @@ def convert(src: str, dst: str, model_name: str = None,
   transformers folder with layout 'transformers'. Returns the preset."""
   if layout not in export.LAYOUTS:
     raise ValueError(cli.closest(layout, export.LAYOUTS, 'layout'))
+  if os.path.isdir(src) and not hub.is_convertible(src):
+    src = _workdir_export(src)
   if layout == 'transformers':
     if not src.endswith('.npz'):
       raise ValueError(f'--layout=transformers writes an .npz as a '
@@ -465,6 +468,15 @@ def convert(src: str, dst: str, model_name: str = None,
   if registry.model_class(source.model_name) is lit.LitModel:
     _copy_vocabulary(src, dst)
   return source.model_name
+
+
+def _workdir_export(src: str) -> str:
+  """A training workdir's export (its .npz, with its record)."""
+  path, _ = records.resolve(src)
+  if not path.endswith('.npz'):
+    raise ValueError(f'{src} holds no export (`{{model_name}}.npz`): '
+                     'convert the one a finished run writes.')
+  return path
 
 
 def as_npz(src: str, model_name: Optional[str] = None) -> str:
@@ -498,3 +510,9 @@ def as_npz(src: str, model_name: Optional[str] = None) -> str:
     os.replace(partial, dst)
     print(f'Note: {src} converted to {dst}.', file=sys.stderr)
   return dst
+
+
+def checkpoint_and_record(src, model_name: Optional[str] = None):
+  """(checkpoint, record) of any source by its path alone: `as_npz`'s
+  file, or a training workdir's export (`records.resolve`)."""
+  return records.resolve(as_npz(src, model_name))

@@ -126,7 +126,8 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
   """Writes the .npz `src` as timm's state dict `dst` (.safetensors);
   returns the preset."""
   flat = _npz_flat(src)
-  model_name = model_name or _npz_preset(flat)
+  model_name = (model_name or (transform.load_transform(src) or {}).get(
+      'model_name') or _npz_preset(flat))
   state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
            _to_eva(flat) if _is_eva_preset(model_name) else
            npz_to_timm(flat))

@@ -33,7 +33,7 @@ from PIL import Image
 
 from vit_jax import cli
 from vit_jax.checkpoints import files
-from vit_jax.models import registry
+from vit_jax.checkpoints import record
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model', 'model_name', 'posemb_resize',
@@ -164,14 +164,9 @@ def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
   return Transform(size=size, **fields)
 
 
-def merged(base: Mapping[str, Any], overrides: Mapping[str, Any]):
-  """`base` (a model config dict) with `overrides` merged in, nested dicts
-  key by key; `model_overrides` is its inverse."""
-  out = dict(base)
-  for key, value in overrides.items():
-    out[key] = (merged(out.get(key) or {}, value)
-                if isinstance(value, Mapping) else value)
-  return out
+# Model configs amended by a record (`checkpoints/record.py`).
+merged = record.merged
+model_overrides = record.model_overrides
 
 
 def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
@@ -181,22 +176,6 @@ def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
   return merged(config, (recorded or {}).get('model') or {})
 
 
-def model_overrides(base, new) -> Dict[str, Any]:
-  """The fields of model config `new` that differ from `base` (nested dicts
-  key by key, tuples as lists): what `model_config` merges back."""
-  out = {}
-  for key, value in new.items():
-    old = base.get(key)
-    if isinstance(value, Mapping) and isinstance(old, Mapping):
-      inner = model_overrides(old, value)
-      if inner:
-        out[key] = inner
-    elif (list(value) if isinstance(value, (tuple, list)) else value) != (
-        list(old) if isinstance(old, (tuple, list)) else old):
-      out[key] = list(value) if isinstance(value, tuple) else value
-  return out
-
-
 def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
   """(mean, std) of a record, if it names both."""
   if not recorded or 'mean' not in recorded or 'std' not in recorded:
@@ -204,12 +183,13 @@ def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
   return tuple(recorded['mean']), tuple(recorded['std'])
 
 
-def preset_settings(name: str, recorded=None):
-  """(model config dict, (mean, std)) of preset `name` as a checkpoint's
-  `recorded` transform amends it: its model overrides, its normalization."""
-  model = model_config(registry.MODEL_CONFIGS[name], recorded)
-  return model, (recorded_normalization(recorded) or
-                 registry.input_normalization(name))
+def preset_settings(name: Optional[str], recorded=None, *,
+                    source: str = 'the checkpoint'):
+  """(model config dict, (mean, std)) of preset `name` (else the recorded
+  model: a preset or a custom model) as a checkpoint's `recorded`
+  transform amends it: its model overrides, its normalization."""
+  name, model = record.settings(recorded, name, source=source)
+  return model, record.normalization(recorded, name)
 
 
 # Reading and preparing images.

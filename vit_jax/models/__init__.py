@@ -9,6 +9,8 @@ count and output shape. `from_pretrained(src)` gives the model, parameters
 and eval transform of any checkpoint (`vit_jax.pretrained`).
 """
 
+import importlib
+
 # pylint: disable=unused-import
 from vit_jax.models import families  # registers every family
 from vit_jax.models.lit import LitModel
@@ -26,11 +28,22 @@ from vit_jax.models.vit import Encoder
 from vit_jax.models.vit import Encoder1DBlock
 from vit_jax.models.vit import MlpBlock
 from vit_jax.models import registry
-# From any checkpoint to a model (the package's entry: it reads and
-# converts files, which the models themselves never do).
-from vit_jax.pretrained import from_pretrained
-from vit_jax.pretrained import Pretrained
 
 # The original's `models.model_configs` (its `configs/models.py`): the
 # presets, `model_configs.MODEL_CONFIGS`.
 model_configs = registry
+
+# From any checkpoint to a model: `vit_jax.pretrained`'s, an entry point (it
+# reads and converts files, which the models never do), so it is fetched
+# when first asked for rather than imported up the floors from here.
+_FROM_PRETRAINED = ('from_pretrained', 'Pretrained')
+
+
+def __getattr__(name):
+  if name in _FROM_PRETRAINED:
+    return getattr(importlib.import_module('vit_jax.pretrained'), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted([*globals(), *_FROM_PRETRAINED])

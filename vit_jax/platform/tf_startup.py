@@ -23,11 +23,13 @@ import sys
 import tempfile
 
 # absl's pre-init warning; glog INFO and WARNING lines
-# ("I0000 00:00:1796157084.382262    2123 port.cc:153] ..."), and the second
-# line of cpu_feature_guard's message. ERROR lines pass.
+# ("I0000 00:00:1796157084.382262    2123 port.cc:153] ..."), the second
+# line of cpu_feature_guard's message, and the ERROR line of CUDA's failed
+# start on a machine without a GPU. Other ERROR lines pass.
 NOISE = re.compile(
     r'WARNING: All log messages before absl::InitializeLog\(\)'
     r'|[IW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] '
+    r'|E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit'
     r'|To enable the following instructions: ')
 
 
@@ -76,15 +78,19 @@ class _QuietLoader(importlib.abc.Loader):
     module.__loader__ = module.__spec__.loader = self.loader
     with filtered_stderr():
       self.loader.exec_module(module)
+      # CUDA starts (and, without a GPU, fails) on the first look at the
+      # devices: here, where its lines are filtered. GPUs stay visible.
+      module.config.list_physical_devices('GPU')
 
 
 class _Finder(importlib.abc.MetaPathFinder):
   """Finds `tensorflow` as usual, once, and wraps its loader."""
 
   def find_spec(self, name, path=None, target=None):
-    if name != 'tensorflow':
+    # Not removed at the first look: `importlib.util.find_spec` (flax.io
+    # asks) looks without importing; the import comes later.
+    if name != 'tensorflow' or name in sys.modules:
       return None
-    sys.meta_path.remove(self)  # later imports find it in sys.modules
     spec = importlib.machinery.PathFinder.find_spec(name, path)
     if spec is not None and spec.loader is not None:
       spec.loader = _QuietLoader(spec.loader)

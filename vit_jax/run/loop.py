@@ -31,6 +31,7 @@ with epy.lazy_imports():  # clu's TensorBoard writer loads TensorFlow
 
 from vit_jax.checkpoints import files
 from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import record
 from vit_jax.checkpoints import storage
 from vit_jax.evaluators import common as evaluators_common
 from vit_jax.evaluators import registry
@@ -213,12 +214,16 @@ def export_npz(params, path):
     files.save(params, path)
 
 
-def _finish(config, workdir, exports, result, seconds, evaluators):
+def _finish(config, workdir, exports, records, result, seconds, evaluators):
   """Exports the final parameters as .npz files (`{model_name}{suffix}.npz`
-  of the task's `exported_files`) and writes `results.json`."""
+  of the task's `exported_files`), each after its record (`records`, the
+  task's `exported_records`: a .npz present has its record), and writes
+  `results.json`."""
   for suffix, params in exports.items():
-    export_npz(params, storage.join(workdir,
-                                    f'{config.model_name}{suffix}.npz'))
+    path = storage.join(workdir, f'{config.model_name}{suffix}.npz')
+    if suffix in records and jax.process_index() == 0:
+      record.write(path, records[suffix])
+    export_npz(params, path)
   write_results(config, workdir, result, step=config.total_steps,
                 seconds_since_start=seconds)
   summary = ''.join(f'{e.summary(result)}, ' for e in evaluators
@@ -309,7 +314,8 @@ def run(task, config, workdir):
   manager.close()
   writer.flush()
   if step == config.total_steps:
-    _finish(config, workdir, task.exported_files(view(state.params)), result,
+    _finish(config, workdir, task.exported_files(view(state.params)),
+            task.exported_records(), result,
             time.perf_counter() - t_start, evaluators)
     task.finish(state.params, workdir)  # e.g. MAE's picture
   else:

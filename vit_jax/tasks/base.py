@@ -10,6 +10,7 @@ batches. The loop (`vit_jax/run/loop.py`) owns the rest.
 from typing import Any, Callable, Optional, Sequence
 
 from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import record
 from vit_jax.checkpoints import storage
 from vit_jax.run import checks
 
@@ -121,6 +122,12 @@ class Task:
     the run exports, from `exported_params`' (a captioner: the encoder,
     and its decoder beside)."""
     return {'': params}
+
+  def exported_records(self):
+    """{suffix: record} written beside `exported_files`' .npz files: what
+    rebuilds each (its model and eval transform), so that every tool opens
+    it by its path alone (`checkpoints/record.py`)."""
+    return {'': record.of_run(self.config, self.exported_model)}
 
   def run(self, workdir):
     """A `standalone` task's whole run."""

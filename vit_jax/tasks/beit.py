@@ -310,6 +310,10 @@ class TokenizerTask(base.Task):
   def exported_files(self, params):
     return {'.tokenizer': params}
 
+  def exported_records(self):
+    """None here: `finish` writes the tokenizer's own record."""
+    return {}
+
   def finish(self, params, workdir):
     """Beside the export: what rebuilds the tokenizer."""
     del params

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from vit_jax import losses
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import record
 from vit_jax.checkpoints import storage
 from vit_jax.data import captions as caption_data
 from vit_jax.data import tokenizers
@@ -120,16 +121,16 @@ def load_captioner(path):
   if not record_path.exists():
     raise files.CheckpointError(f'{path} is not a captioner export: no '
                                 f'{record_path.name} beside it.')
-  record = json.loads(record_path.read_text())
+  saved = json.loads(record_path.read_text())
   classes = {c.__name__: c for c in backbone.BACKBONES}
-  encoder = classes[record['encoder']](**_tuples(record['encoder_config']))
+  encoder = classes[saved['encoder']](**_tuples(saved['encoder_config']))
   tokenizer = tokenizers.get_tokenizer(
-      record['tokenizer'], str(files.beside(path, 'vocab.model')),
-      record['captioning']['max_len'])
-  model = make_captioner(encoder, record['captioning'], tokenizer.vocab_size)
+      saved['tokenizer'], str(files.beside(path, 'vocab.model')),
+      saved['captioning']['max_len'])
+  model = make_captioner(encoder, saved['captioning'], tokenizer.vocab_size)
   params = {'encoder': files.load(path),
             **files.load(files.beside(path, 'decoder.npz'))}
-  return model, params, tokenizer, record
+  return model, params, tokenizer, saved
 
 
 def export_path(path, model_name):
@@ -274,6 +275,10 @@ class Task(base.Task):
   def exported_params(self, params):
     """The whole captioner's: the evaluators read both parts."""
     return {**params, **(self.frozen or {})}
+
+  def exported_records(self):
+    """The encoder's (the decoder's is `captioner.json`, by `finish`)."""
+    return {'': record.of_run(self.config, self.model.encoder)}
 
   def exported_files(self, params):
     return {'': params['encoder'],

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from vit_jax import losses
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import record
 from vit_jax.data import pipeline
 from vit_jax.data import segmentation as segmentation_data
 from vit_jax.models import segmentation
@@ -126,6 +127,14 @@ class Task(base.Task):
           'backbone, params/head and batch_stats); probe an encoder with '
           "trainer='segmentation'.")
     return self.model, variables
+
+  def exported_records(self):
+    """The backbone's record, and the probe's settings (`segmentation`)."""
+    settings = self.config.segmentation
+    return {'': {**record.of_run(self.config, self.model.backbone),
+                 'segmentation': {'num_classes': self.model.num_classes,
+                                  'indices': list(settings.indices),
+                                  'norm': settings.norm}}}
 
   def exported_params(self, params):
     """The whole segmenter's variables: the encoder's and the head's."""
