@@ -69,7 +69,8 @@ def main(argv):
       images.append(read_image(path, pp))
       good.append(path)
     except (OSError, ValueError) as e:
-      print(f'{path}: error: {e}', file=sys.stderr)
+      print(f'Error: {e}' if path in str(e) else f'Error: {path}: {e}',
+            file=sys.stderr)
   if good:
     run = jax.jit(functools.partial(
         decoding.captions, model, bos=tokenizer.bos_token,

@@ -28,6 +28,7 @@ from vit_jax.checkpoints import loading
 from vit_jax import cli
 from vit_jax.convert import converter
 from vit_jax.convert import transform
+from vit_jax.models import lit
 from vit_jax.models import registry
 
 FLAGS = flags.FLAGS
@@ -47,9 +48,10 @@ def load_classifier(model_name, path, size=None, recorded=None):
   `model_name`, else the model its `recorded` transform names, with the
   record's `model` settings."""
   config, _ = transform.preset_settings(model_name, recorded, source=path)
-  if 'tubelet' in config:
-    raise ValueError(f'{path} is a video model ({config["model_name"]}): '
-                     'predict classifies images.')
+  name = config.get('model_name') or ''
+  if registry.model_class(name, config) is lit.LitModel:
+    raise ValueError(f'{path} is a two-tower model ({name}): it has no '
+                     "classes to predict; evaluate it with trainer='zeroshot'.")
   model, params, size = loading.load_model(config, path, size)
   if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')

@@ -121,7 +121,7 @@ def test_cappa_runs_exports_and_captions(cappa_run, fmnist_dirs, tmp_path):
   # The good image is captioned; the broken one named on stderr, exit 1.
   assert out.returncode == 1, out.stderr[-2000:]
   assert out.stdout.startswith(f'{image}: ') and str(broken) not in out.stdout
-  assert f'{broken}: error: cannot identify image file' in out.stderr
+  assert f"Error: cannot identify image file '{broken}'" in out.stderr
   with pytest.raises(FileNotFoundError, match='not found'):
     caption.export(str(tmp_path / 'absent'))
   with pytest.raises(files.CheckpointError, match='not a captioner export'):

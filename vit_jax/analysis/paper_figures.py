@@ -30,7 +30,8 @@ def load_model(model_config, path):
   from its position table (`loading.image_size`).
   """
   if model_config.get('resnet') is None and 'patches' not in model_config:
-    raise ValueError('Not a ViT model config (no `patches`).')
+    raise ValueError(f'{path} is not a ViT ({model_config.get("model_name")}'
+                     ' has no `patches`): the figures are of a ViT.')
   return loading.load_model(model_config, path)
 
 

@@ -21,6 +21,7 @@ from vit_jax.models import posemb
 from vit_jax.models import posemb_resize
 from vit_jax.models import registry
 from vit_jax.models import vit as models_vit
+from vit_jax.models import vivit
 from vit_jax.platform import target
 
 Params = Dict[str, Any]
@@ -77,12 +78,17 @@ def load_model(model_config, path, size=None, *, model=None,
     return model, load_params(path, init_params=abstract_params,
                               model_config=model_config,
                               resize_posemb=False), size
+  cls = registry.model_class(model_config.get('model_name') or '',
+                             model_config)
+  if issubclass(cls, vivit.ViViT):
+    raise ValueError(f'{path} is a video model '
+                     f'({model_config.get("model_name")}): it takes clips, '
+                     "not images; evaluate it with trainer='video'.")
   found = files.read_params(path)
   config = model_config_for(found, model_config)
   if config.get('dtype') == 'auto':
     config['dtype'] = target.compute_dtype(training=False)
   size = size or image_size(found, config)
-  cls = registry.model_class(config.get('model_name') or '', model_config)
   model = cls(**{k: v for k, v in config.items()
                  if k in cls.__dataclass_fields__ and k != 'parent'})
   expected = jax.eval_shape(lambda: model.init(

@@ -3,7 +3,8 @@
 `<name>.transform.json` beside `<name>.npz` holds `model_name` and `model`
 (for a preset: the settings that differ from it; for a custom model, a name
 that is no preset: every setting that differs from its class's defaults,
-which is the whole model), and the eval transform in timm's
+which is the whole model), `model_class` (what builds it), and the eval
+transform in timm's
 `pretrained_cfg` keys (`input_size`, `crop_pct`, `crop_mode`,
 `interpolation`, `mean`, `std`). `convert` writes it from a source's
 files, the loop from a run's config (`of_run`) beside every export. Every
@@ -92,7 +93,8 @@ def model_record(name: str, module) -> Dict[str, Any]:
     base = registry.MODEL_CONFIGS[name].to_dict()
   else:
     base = _fields(type(module), values=False)
-  return {'model_name': name, 'model': model_overrides(base, settings)}
+  return {'model_name': name, 'model': model_overrides(base, settings),
+          'model_class': type(module).__name__}
 
 
 def eval_transform(pp) -> Dict[str, Any]:
@@ -182,7 +184,14 @@ def settings(record: Optional[Mapping[str, Any]], model_name=None, *,
     return name, merged(registry.MODEL_CONFIGS[name].to_dict(),
                         record.get('model') or {})
   if name == record.get('model_name') and record.get('model'):
-    return name, {**record['model'], 'model_name': name}
+    model = {**record['model'], 'model_name': name}
+    built = registry.model_class(name, model).__name__
+    if record.get('model_class', built) != built:
+      raise ValueError(
+          f'{source} holds a {record["model_class"]} ({name}), which no '
+          'registered family builds: evaluate it with its run\'s config '
+          "(trainer='evaluate').")
+    return name, model
   raise registry.UnknownPreset(
       cli.closest(name, registry.MODEL_CONFIGS, 'model'))
 

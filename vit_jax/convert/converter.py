@@ -452,6 +452,11 @@ def convert(src: str, dst: str, model_name: str = None,
     raise ValueError(cli.closest(layout, export.LAYOUTS, 'layout'))
   if os.path.isdir(src) and not hub.is_convertible(src):
     src = _workdir_export(src)
+  built = (records.read(src) or {}).get('model_class') if src.endswith(
+      '.npz') else None
+  if built in _NO_LAYOUT:
+    raise ValueError(f'{src} holds a {built}, which has no timm or '
+                     f'transformers layout here: {_NO_LAYOUT[built]}')
   if layout == 'transformers':
     if not src.endswith('.npz'):
       raise ValueError(f'--layout=transformers writes an .npz as a '
@@ -468,6 +473,12 @@ def convert(src: str, dst: str, model_name: str = None,
   if registry.model_class(source.model_name) is lit.LitModel:
     _copy_vocabulary(src, dst)
   return source.model_name
+
+
+# Exports that neither layout holds, and what takes them instead.
+_NO_LAYOUT = {'ViViT': "evaluate it with trainer='video'.",
+              'NaViT': "evaluate it with trainer='evaluate' and its config.",
+              'LinearSegmenter': "evaluate it with trainer='segmentation'."}
 
 
 def _workdir_export(src: str) -> str:

@@ -110,6 +110,9 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   record = transform.load_transform(src) or {}
   name = model_name or record.get('model_name') or _npz_preset(flat)
   model, normalization = transform.preset_settings(name, record)
+  if 'image' in model:  # a two-tower model: its image tower (`_npz_flat`)
+    model = dict(model['image'])
+    name = model.get('model_name') or name
   arch = transformers_config.export_architecture(name, model, flat)
   spec = _eval_transform(name, record, normalization)
   config = transformers_config.config_json(arch, model, flat, spec.size)

@@ -27,8 +27,10 @@ from vit_jax.data import tokenizers
 from vit_jax.models import bert as models_bert
 from vit_jax.models import lit as models_lit
 from vit_jax.run import optim
+from vit_jax.checkpoints import files
 from vit_jax.checkpoints import loading
 from vit_jax.checkpoints import pretrained
+from vit_jax.checkpoints import record
 from vit_jax.checkpoints import storage
 from vit_jax.tasks import base
 from vit_jax.tasks import registry
@@ -202,6 +204,25 @@ class Task(base.Task):
     return caption_data.train_iterator(self.config, self.tokenizer,
                                        batch_size=batch_size, rows=rows,
                                        start_step=start_step)
+
+  def _vocabulary(self, workdir) -> epath.Path:
+    return epath.Path(caption_data.vocabulary(
+        self.config, workdir, self.config.model.text.get('vocab_size'),
+        fit=False))
+
+  def exported_records(self):
+    """The model's, and its tokenizer's file beside it (`vocab`)."""
+    return {'': {**record.of_run(self.config, self.exported_model),
+                 'vocab': self._vocabulary(self.workdir).name}}
+
+  def finish(self, params, workdir):
+    """Beside the export: the tokenizer that its record names."""
+    del params
+    if jax.process_index():
+      return
+    source = self._vocabulary(workdir)
+    npz = storage.join(workdir, f'{self.config.model_name}.npz')
+    files.beside(npz, source.name).write_bytes(source.read_bytes())
 
   def checkpoint(self, path):
     """(model, params) of the LiT checkpoint at `path` (an .npz or a

@@ -132,6 +132,7 @@ class Task(base.Task):
     """The backbone's record, and the probe's settings (`segmentation`)."""
     settings = self.config.segmentation
     return {'': {**record.of_run(self.config, self.model.backbone),
+                 'model_class': type(self.model).__name__,
                  'segmentation': {'num_classes': self.model.num_classes,
                                   'indices': list(settings.indices),
                                   'norm': settings.norm}}}

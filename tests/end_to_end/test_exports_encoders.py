@@ -1,0 +1,28 @@
+"""Every output is an input (2 of 2): the exports of self-supervised
+encoders (MAE, DINO, BEiT), SigLIP, a captioner, a segmentation probe and
+a ViViT, each opened by its workdir's path alone in every tool that takes
+a checkpoint (`exports.py`: the matrix)."""
+
+import pytest
+
+from tests.end_to_end import exports
+
+pytestmark = pytest.mark.xdist_group('exports_encoders')
+KINDS = ('mae', 'dino', 'beit', 'siglip', 'captioning', 'segmentation',
+         'vivit')
+
+
+def test_the_two_files_cover_every_kind():
+  from tests.end_to_end import test_exports_images  # pylint: disable=g-import-not-at-top
+  assert sorted(KINDS + test_exports_images.KINDS) == sorted(exports.KINDS)
+
+
+@pytest.fixture(scope='module')
+def made(fmnist_dirs, tmp_path_factory):
+  return exports.Made(fmnist_dirs, tmp_path_factory)
+
+
+@pytest.mark.parametrize('consumer', exports.CONSUMERS)
+@pytest.mark.parametrize('kind', KINDS)
+def test_cell(made, kind, consumer, tmp_path):
+  exports.check(made, kind, consumer, tmp_path)
