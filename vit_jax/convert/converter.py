@@ -31,6 +31,7 @@ from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
+from vit_jax.convert import transformers_defaults
 from vit_jax.convert import transformers_layout
 from vit_jax.convert import transformers_text
 from vit_jax.convert.names import missing_keys
@@ -137,6 +138,8 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     with open(config_path) as f:
       config = json.load(f)
   if transformers_layout.is_transformers(config):
+    # Settings the file leaves out are its class's defaults.
+    config = transformers_defaults.complete_config(config)
     return _from_transformers(state, config, weights, model_name)
   if convert_swin.is_swin(state):
     return _from_swin(state, config, model_name)

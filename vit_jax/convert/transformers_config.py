@@ -15,6 +15,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from vit_jax.convert import transformers_defaults
 from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.transformers_layout import ARCHITECTURES
 from vit_jax.convert.transformers_layout import architecture
@@ -38,7 +39,7 @@ def _unsupported(arch: str, key: str, value, why: str) -> ValueError:
 
 
 def _activation(arch: str, config: Dict[str, Any]):
-  act = config.get('hidden_act', 'gelu')
+  act = config['hidden_act']
   if act not in _ACTIVATIONS:
     raise _unsupported(arch, 'hidden_act', act, 'vit_jax computes GELU (exact '
                        f'or tanh) and QuickGELU: {", ".join(_ACTIVATIONS)}')
@@ -82,7 +83,7 @@ def vit_settings(config: Dict[str, Any]) -> Dict[str, Any]:
       patch_size=vision['patch_size'],
       mlp_ratio=vision.get('intermediate_size', 4 * width) / width,
       act_layer=_activation(arch, vision),
-      layer_norm_eps=vision.get('layer_norm_eps', 1e-12),
+      layer_norm_eps=vision['layer_norm_eps'],
       global_pool='token', class_token=True, fc_norm=None, distilled=False,
       init_values=None, no_embed_class=False, reg_tokens=0, mlp_layer=None,
       pre_norm=False)
@@ -363,11 +364,16 @@ def _side(size: Dict[str, int], what: str) -> Tuple[int, str]:
 
 
 def eval_transform(processor: Dict[str, Any]) -> Dict[str, Any]:
-  """A preprocessor_config.json as timm's pretrained_cfg keys: resized to
-  `size` (both sides, or the short one: `shortest_edge`), then, with
+  """A preprocessor_config.json (of any transformers version: completed by
+  `transformers_defaults`) as timm's pretrained_cfg keys: resized to `size`
+  (both sides, or the short one: `shortest_edge`), then, with
   `do_center_crop`, cropped to `crop_size`."""
-  side, mode = _side(processor.get('size') or {'height': 224, 'width': 224},
-                     'size')
+  processor = transformers_defaults.complete_processor(processor)
+  if 'size' not in processor:
+    raise ValueError('preprocessor_config.json gives no size, and its '
+                     f'processor ({transformers_defaults.processor_class(processor) or "none named"}) '
+                     'is not one whose default is known here.')
+  side, mode = _side(processor['size'], 'size')
   crop = side
   if processor.get('do_center_crop'):
     crop, _ = _side(processor['crop_size'], 'crop_size')

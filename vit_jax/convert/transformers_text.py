@@ -25,18 +25,11 @@ from typing import Any, Dict, Tuple
 import numpy as np
 
 from vit_jax.convert import transformers_config
+from vit_jax.convert import transformers_defaults
 
 Flat = Dict[str, np.ndarray]
 
 _NAMES = {'clip': 'CLIP', 'siglip': 'SigLIP'}
-# transformers' text configs' defaults of what is read (config.json may
-# leave a default out).
-_DEFAULTS = {
-    'clip': dict(num_attention_heads=8, hidden_act='quick_gelu',
-                 layer_norm_eps=1e-5, eos_token_id=49407),
-    'siglip': dict(num_attention_heads=12, hidden_act='gelu_pytorch_tanh',
-                   layer_norm_eps=1e-6),
-}
 _BLOCK = {  # module in a layer -> (vit_jax's module, layout)
     'layer_norm1': ('LayerNorm_0', 'norm'),
     'layer_norm2': ('LayerNorm_1', 'norm'),
@@ -134,8 +127,8 @@ def _check_keys(kind: str, have, want, what: str) -> None:
 def _text_fields(kind: str, text_config, state: Flat,
                  num_layers: int) -> Dict[str, Any]:
   """`TextTransformer`'s fields: sizes from the weights, how it computes
-  from the config."""
-  text_config = {**_DEFAULTS[kind], **text_config}
+  from the config (completed with transformers' defaults:
+  `transformers_defaults`)."""
   act, heads = text_config['hidden_act'], text_config['num_attention_heads']
   vocab_size, width = state[
       'text_model.embeddings.token_embedding.weight'].shape
@@ -163,6 +156,7 @@ def text_tower(state: Flat, config: Dict[str, Any]
   `TextTransformer`'s fields, extras): extras 't' (1,) log temperature, 'b'
   (1,) bias or None, 'max_len' (the position table's length), 'out_dim'
   (the projection's width)."""
+  config = transformers_defaults.complete_config(config)
   kind = _kind(config)
   text = {k: v for k, v in state.items()
           if (k.startswith('text_model.') or k.startswith('text_projection.'))

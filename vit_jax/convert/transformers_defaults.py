@@ -1,0 +1,133 @@
+"""transformers' defaults, for what a hub folder's files leave out.
+
+Hub repositories hold the files of every transformers version since 2021:
+a `config.json` may give only what differs from its class's defaults (a
+SigLIP `vision_config` with its sizes alone), and a
+`preprocessor_config.json` may be a feature extractor's
+(`feature_extractor_type`, `size` and `crop_size` as numbers). The readers
+complete both from these tables, as transformers does, before reading a
+value. They are transformers 5.23's defaults:
+`scripts/make_transformers_golden.py` writes its classes' own to
+`tests/data/transformers_defaults.json`, against which the tests hold them.
+"""
+
+import copy
+from typing import Any, Dict
+
+_VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+            intermediate_size=3072, hidden_act='gelu', layer_norm_eps=1e-12,
+            image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
+_DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+               hidden_act='gelu', layer_norm_eps=1e-6, image_size=224,
+               patch_size=14, num_channels=3, qkv_bias=True, mlp_ratio=4,
+               layerscale_value=1.0, use_swiglu_ffn=False)
+_TEXT = dict(num_hidden_layers=12, pad_token_id=1, bos_token_id=49406,
+             eos_token_id=49407)
+
+# Each config class's defaults, by `model_type`.
+CONFIGS = {
+    'vit': dict(_VIT, pooler_act='tanh'),
+    'deit': dict(_VIT, pooler_act='tanh'),
+    'vit_mae': dict(_VIT),
+    'dinov2': _DINOV2,
+    'dinov2_with_registers': dict(_DINOV2, patch_size=16,
+                                  num_register_tokens=4),
+    'clip': dict(projection_dim=512, logit_scale_init_value=2.6592),
+    'clip_vision_model': dict(
+        _VIT, hidden_act='quick_gelu', layer_norm_eps=1e-5, patch_size=32,
+        projection_dim=512),
+    'clip_text_model': dict(
+        _TEXT, hidden_size=512, num_attention_heads=8, intermediate_size=2048,
+        hidden_act='quick_gelu', layer_norm_eps=1e-5, projection_dim=512,
+        max_position_embeddings=77, vocab_size=49408),
+    'siglip': {},
+    'siglip_vision_model': dict(
+        _VIT, hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
+        vision_use_head=True),
+    'siglip_text_model': dict(
+        _TEXT, hidden_size=768, num_attention_heads=12,
+        intermediate_size=3072, hidden_act='gelu_pytorch_tanh',
+        layer_norm_eps=1e-6, max_position_embeddings=64, vocab_size=32000),
+    'swin': dict(image_size=224, patch_size=4, num_channels=3, embed_dim=96,
+                 depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                 window_size=7, mlp_ratio=4.0, qkv_bias=True,
+                 hidden_act='gelu', use_absolute_embeddings=False,
+                 layer_norm_eps=1e-5),
+}
+# A two-tower config's towers, each a config of its own `model_type`.
+SUB_CONFIGS = {
+    'clip': {'vision_config': 'clip_vision_model',
+             'text_config': 'clip_text_model'},
+    'siglip': {'vision_config': 'siglip_vision_model',
+               'text_config': 'siglip_text_model'},
+}
+
+
+def complete_config(config: Dict[str, Any]) -> Dict[str, Any]:
+  """`config` with the defaults of its `model_type` (and its towers') for
+  what it leaves out; a model type not in `CONFIGS` as it is."""
+  out = dict(CONFIGS.get(config.get('model_type'), {}), **config)
+  for key, model_type in SUB_CONFIGS.get(config.get('model_type'), {}).items():
+    tower = {'model_type': model_type, **(out.get(key) or {})}
+    out[key] = {**CONFIGS.get(tower['model_type'], {}), **tower}
+  return copy.deepcopy(out)
+
+
+_IMAGENET_HALF = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+_CLIP = dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
+             image_std=[0.26862954, 0.26130258, 0.27577711])
+_SQUARE = lambda n: {'height': n, 'width': n}
+_COMMON = dict(do_resize=True, do_rescale=True, rescale_factor=1 / 255,
+               do_normalize=True, do_center_crop=False, crop_size=None)
+# Each image processor's defaults, and whether a number as its `size`
+# means both sides (True) or the short side (transformers' `get_size_dict`
+# with `default_to_square`); a number as `crop_size` is always both sides.
+PROCESSORS = {
+    'ViTImageProcessor': (True, dict(
+        _COMMON, size=_SQUARE(224), resample=2, **_IMAGENET_HALF)),
+    'DeiTImageProcessor': (True, dict(
+        _COMMON, size=_SQUARE(256), resample=3, do_center_crop=True,
+        crop_size=_SQUARE(224), **_IMAGENET_HALF)),
+    'CLIPImageProcessor': (False, dict(
+        _COMMON, size={'shortest_edge': 224}, resample=3,
+        do_center_crop=True, crop_size=_SQUARE(224), **_CLIP)),
+    'BitImageProcessor': (False, dict(
+        _COMMON, size={'shortest_edge': 224}, resample=3,
+        do_center_crop=True, crop_size=_SQUARE(224), **_CLIP)),
+    'SiglipImageProcessor': (True, dict(
+        _COMMON, size=_SQUARE(224), resample=3, **_IMAGENET_HALF)),
+}
+
+
+def processor_class(processor: Dict[str, Any]) -> str:
+  """The image processor a preprocessor_config.json is for, by today's
+  name: a feature extractor's is its processor's; the fast and PIL
+  variants read the file alike."""
+  name = (processor.get('image_processor_type') or
+          processor.get('feature_extractor_type') or '')
+  name = name.replace('FeatureExtractor', 'ImageProcessor')
+  for suffix in ('Fast', 'Pil'):
+    name = name[:-len(suffix)] if name.endswith(suffix) else name
+  return name
+
+
+def complete_processor(processor: Dict[str, Any]) -> Dict[str, Any]:
+  """`processor` in today's form: its class's defaults for what it leaves
+  out, and `size`/`crop_size` given as numbers read as that class reads
+  them. Raises ValueError where a number's meaning depends on a class
+  that is not known here."""
+  name = processor_class(processor)
+  square, defaults = PROCESSORS.get(name, (None, {}))
+  out = dict(defaults, **processor)
+  for key in ('size', 'crop_size'):
+    if not isinstance(out.get(key), (int, float)):
+      continue
+    if square is None:
+      raise ValueError(
+          f"preprocessor_config.json gives {key}={out[key]} as a number, "
+          f"whose meaning depends on the processor ({name or 'none named'}"
+          f'); known: {", ".join(PROCESSORS)}.')
+    n = int(out[key])
+    out[key] = (_SQUARE(n) if square or key == 'crop_size'
+                else {'shortest_edge': n})
+  return out
