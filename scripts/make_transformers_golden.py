@@ -3,7 +3,8 @@ r"""Writes the golden folders of Hugging Face transformers' vision models.
 Needs torch and transformers 5.23 (in a venv of their own); the tests need
 neither.
 
-  python scripts/make_transformers_golden.py
+  python scripts/make_transformers_golden.py           # everything
+  python scripts/make_transformers_golden.py --older   # the last three only
 
 writes into tests/data:
 - transformers/NAME: a small random model of each class in MODELS (every
@@ -18,11 +19,27 @@ writes into tests/data:
   tokenizers' ids of PROMPTS as NAME/input_ids; the processors' pixels of
   tests/data/predict_image.jpg (every 8th row and column) as
   PROCESSOR/pixels.
+- transformers_older/NAME: folders of the models above as hub repos still
+  hold them, from older transformers versions (`OLDER`): feature
+  extractors' preprocessor_config.json (numbers as sizes), config.json
+  files that give only what differs from the defaults, pytorch_model.bin
+  with its position_ids buffers, sharded safetensors; the same weights, so
+  transformers_golden.npz has their outputs (the script checks that
+  transformers computes them from these folders too).
+  transformers_older_pixels.npz: transformers' processors' pixels of
+  tests/data/predict_image.jpg read from each older folder, as NAME.
+- transformers_defaults.json: transformers' config and image processor
+  classes' defaults, which vit_jax/convert/transformers_defaults.py holds.
+- torch_files/: torch.save's files (a state dict with a transposed view, an
+  int64 buffer and bfloat16; one holding a Python object) and the arrays
+  of the first (state.npz), for vit_jax/convert/torch_files.py.
 """
 
 import io
+import json
 import os
 import shutil
+import sys
 
 import numpy as np
 from PIL import Image
@@ -265,5 +282,148 @@ def main():
   np.savez(os.path.join(DATA, 'transformers_golden.npz'), **golden)
 
 
+OLDER_OUT = os.path.join(DATA, 'transformers_older')
+# preprocessor_config.json as feature extractors wrote them (the hub's
+# google/vit-base-patch16-224, facebook/deit-base-distilled-patch16-224,
+# openai/clip-vit-base-patch32 before their processors were re-saved).
+_OLD_PROCESSORS = {
+    'vit': dict(do_normalize=True, do_resize=True, resample=2, size=224,
+                feature_extractor_type='ViTFeatureExtractor', **_HALF),
+    'deit': dict(crop_size=224, do_center_crop=True, do_normalize=True,
+                 do_resize=True, resample=3, size=256,
+                 feature_extractor_type='DeiTFeatureExtractor', **_IMAGENET),
+    'clip': dict(crop_size=224, do_center_crop=True, do_normalize=True,
+                 do_resize=True, resample=3, size=224,
+                 feature_extractor_type='CLIPFeatureExtractor', **_CLIP),
+}
+# Older folder: (the golden folder whose weights it holds, its changes).
+OLDER = {
+    'vit_feature_extractor': ('vit', 'processor'),
+    'deit_feature_extractor': ('deit', 'processor'),
+    'clip_bin': ('clip', 'processor', 'bin'),
+    'siglip_vision_sparse': ('siglip_vision', 'sparse'),
+    'siglip_sparse': ('siglip', 'sparse'),
+    'vit_sharded': ('vit', 'sharded'),
+}
+_KEPT = ('architectures', 'model_type')  # what a sparse config.json keeps
+
+
+def _sparse(config: dict, defaults: dict) -> dict:
+  """`config` without what equals `defaults` (and transformers' noise)."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, dict) and key.endswith('_config'):
+      out[key] = _sparse(
+          value, T.AutoConfig.for_model(value['model_type']).to_dict())
+    elif key in _KEPT or (key in defaults and defaults[key] != value and
+                          key not in ('dtype', 'transformers_version',
+                                      'id2label', 'label2id')):
+      out[key] = value
+  return out
+
+
+def _older_folder(name, base, changes, pixels):
+  src, dst = os.path.join(OUT, base), os.path.join(OLDER_OUT, name)
+  shutil.copytree(src, dst)
+  os.remove(os.path.join(dst, 'HUB'))
+  cls = getattr(transformers, json.load(open(os.path.join(
+      src, 'config.json')))['architectures'][0])
+  model = cls.from_pretrained(src).eval()
+  if 'processor' in changes:
+    with open(os.path.join(dst, 'preprocessor_config.json'), 'w') as f:
+      json.dump(_OLD_PROCESSORS[base.split('_')[0]], f, indent=2)
+    kind = type(transformers.AutoImageProcessor.from_pretrained(dst)).__name__
+    processor = getattr(transformers, kind.replace('Fast', '') + 'Pil',
+                        None) or getattr(transformers, kind)
+    image = Image.open(os.path.join(DATA, 'predict_image.jpg')).convert('RGB')
+    got = processor.from_pretrained(dst)(images=image, return_tensors='np')
+    pixels[name] = np.asarray(got['pixel_values']).transpose(0, 2, 3, 1)[
+        :, ::8, ::8]
+  if 'bin' in changes:
+    os.remove(os.path.join(dst, 'model.safetensors'))
+    state = dict(model.state_dict())
+    for tower, n in (('vision_model', model.config.vision_config),
+                     ('text_model', model.config.text_config)):
+      count = (n.image_size // n.patch_size) ** 2 + 1 if tower.startswith(
+          'vision') else n.max_position_embeddings
+      state[f'{tower}.embeddings.position_ids'] = torch.arange(count)[None]
+    torch.save(state, os.path.join(dst, 'pytorch_model.bin'))
+  if 'sparse' in changes:
+    path = os.path.join(dst, 'config.json')
+    config = json.load(open(path))
+    defaults = T.AutoConfig.for_model(config['model_type']).to_dict()
+    with open(path, 'w') as f:
+      json.dump(_sparse(config, defaults), f, indent=2)
+  if 'sharded' in changes:
+    os.remove(os.path.join(dst, 'model.safetensors'))
+    os.remove(os.path.join(dst, 'config.json'))
+    model.save_pretrained(dst, max_shard_size='20KB')
+  # transformers reads the older folder to the same weights and outputs.
+  again = cls.from_pretrained(dst).eval()
+  for key, value in model.state_dict().items():
+    assert torch.equal(again.state_dict()[key], value), (name, key)
+  golden = np.load(os.path.join(DATA, 'transformers_golden.npz'))
+  side = transformers_layout_side(model.config)
+  tokens = golden.get(f'{base}/input_ids')
+  for key, value in _run(base, again, golden[f'images/{side}'],
+                         tokens).items():
+    np.testing.assert_allclose(value, golden[key], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
+def transformers_layout_side(config):
+  vision = getattr(config, 'vision_config', None) or config
+  return vision.image_size
+
+
+def _defaults():
+  """transformers' defaults of the config and processor classes read."""
+  configs = {c.model_type: c().to_dict() for c in (
+      T.ViTConfig, T.DeiTConfig, T.ViTMAEConfig, T.Dinov2Config,
+      T.Dinov2WithRegistersConfig, T.CLIPConfig, T.CLIPVisionConfig,
+      T.CLIPTextConfig, T.SiglipConfig, T.SiglipVisionConfig,
+      T.SiglipTextConfig, T.SwinConfig)}
+  processors = {}
+  for name in ('ViTImageProcessor', 'DeiTImageProcessor', 'CLIPImageProcessor',
+               'BitImageProcessor', 'SiglipImageProcessor'):
+    cls = getattr(T, name + 'Pil', None) or getattr(T, name)
+    processors[name] = json.loads(cls().to_json_string())
+  return {'configs': configs, 'processors': processors}
+
+
+class Unsafe:  # what a file may hold besides tensors
+  pass
+
+
+def _torch_files():
+  """torch.save's files for vit_jax's reader, and what they hold."""
+  folder = os.path.join(DATA, 'torch_files')
+  os.makedirs(folder)
+  state = {'weight': torch.randn(4, 3).t(), 'bias': torch.randn(4),
+           'position_ids': torch.arange(5)[None],
+           'half': torch.randn(2, 2).to(torch.bfloat16)}
+  torch.save(state, os.path.join(folder, 'state.bin'))
+  np.savez(os.path.join(folder, 'state.npz'), **{
+      k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
+      for k, v in state.items()})
+  torch.save({'model': state, 'extra': Unsafe()},
+             os.path.join(folder, 'unsafe.bin'))
+
+
+def older():
+  shutil.rmtree(OLDER_OUT, ignore_errors=True)
+  shutil.rmtree(os.path.join(DATA, 'torch_files'), ignore_errors=True)
+  pixels = {}
+  for name, (base, *changes) in OLDER.items():
+    _older_folder(name, base, changes, pixels)
+    print(name, sorted(os.listdir(os.path.join(OLDER_OUT, name))))
+  np.savez(os.path.join(DATA, 'transformers_older_pixels.npz'), **pixels)
+  with open(os.path.join(DATA, 'transformers_defaults.json'), 'w') as f:
+    json.dump(_defaults(), f, indent=1, sort_keys=True, default=int)
+  _torch_files()
+
+
 if __name__ == '__main__':
-  main()
+  if '--older' not in sys.argv:
+    main()
+  older()

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Dict, NamedTuple, Optional
 
 from flax import traverse_util
+import ml_dtypes
 import numpy as np
 
 from vit_jax import cli
@@ -33,6 +34,7 @@ from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_defaults
 from vit_jax.convert import transformers_layout
+from vit_jax.convert import torch_files
 from vit_jax.convert import transformers_text
 from vit_jax.convert.names import missing_keys
 from vit_jax.convert.names import timm_to_npz
@@ -81,7 +83,18 @@ def _check_config_dims(settings, flat: Flat, path: str, layout: str) -> None:
 
 
 def read_timm(path: str) -> Flat:
-  """A timm checkpoint file as numpy arrays; never unpickles objects."""
+  """A timm or transformers weights file (or the index of its shards) as
+  float32 numpy arrays, without the buffers that hold no weights
+  (`_without_buffers`); never unpickles objects, needs no torch."""
+  state = _without_buffers(_read_file(path), path)
+  return {k: v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) or
+          v.dtype == ml_dtypes.bfloat16 else v for k, v in state.items()}
+
+
+def _read_file(path: str) -> Flat:
+  """Every array of a weights file, or of the shards its index maps."""
+  if path.endswith('.index.json'):
+    return _read_shards(path)
   if path.endswith('.safetensors'):
     load_file = export.optional_import('safetensors.numpy', path).load_file
     try:
@@ -89,21 +102,44 @@ def read_timm(path: str) -> Flat:
     except export.optional_import('safetensors', path).SafetensorError as e:
       raise ValueError(f'Cannot read {path}: not a safetensors file, or '
                        f'truncated or corrupt ({e}).') from e
-  if not path.endswith(('.pth', '.bin', '.pt')):
-    raise ValueError(f'{path}: expected a .safetensors, .pth or .bin file.')
-  import pickle  # pylint: disable=g-import-not-at-top
-  torch = export.optional_import('torch', path)
-  try:
-    state = torch.load(path, map_location='cpu', weights_only=True)
-  except pickle.UnpicklingError as e:
-    raise ValueError(
-        f'{path} holds pickled Python objects besides tensors, or is not a '
-        'torch file; objects are never loaded here: save its state_dict() '
-        f'as .safetensors. torch: {str(e).splitlines()[0]}') from e
-  except (RuntimeError, EOFError) as e:  # not a zip or pickle, truncated
-    raise ValueError(f'Cannot read {path} with torch: {e}') from e
-  state = state.get('state_dict', state)
-  return {k: v.float().numpy() for k, v in state.items()}
+  if path.endswith(('.pth', '.bin', '.pt')):
+    return torch_files.load(path)
+  raise ValueError(f'{path}: expected a .safetensors, .pth or .bin file.')
+
+
+def _read_shards(path: str) -> Flat:
+  """The weights that a `*.index.json` maps to its shard files."""
+  with open(path) as f:
+    weight_map = json.load(f).get('weight_map') or {}
+  if not weight_map:
+    raise ValueError(f'{path} maps no weights (no "weight_map").')
+  state = {}
+  for shard in sorted(set(weight_map.values())):
+    state.update(_read_file(os.path.join(os.path.dirname(path), shard)))
+  missing = sorted(set(weight_map) - set(state))
+  if missing:
+    raise ValueError(f'{path} names {len(missing)} weight(s) that its shards '
+                     f'lack: {", ".join(missing[:5])}.')
+  return state
+
+
+def _without_buffers(state: Flat, path: str) -> Flat:
+  """`state` without the `position_ids` buffers that older files hold (an
+  arange, which the model computes: dropped with a note); one that is no
+  arange would change the result, and is refused by name. (Swin's and
+  BEiT's index buffers are their readers', `convert.swin`, `convert.beit`
+  and `transformers_layout`.)"""
+  buffers = [k for k in state if k.rsplit('.', 1)[-1] == 'position_ids']
+  for key in buffers:
+    value = state[key]
+    if not np.array_equal(value.reshape(-1), np.arange(value.size)):
+      raise ValueError(f'{path}: the buffer {key} is not 0, 1, ..., '
+                       f'{value.size - 1}: it would change what the model '
+                       'computes, which vit_jax cannot hold.')
+  if buffers:
+    print(f'Note: {path}: {len(buffers)} position_ids buffer(s) dropped '
+          '(an arange, which the model computes).', file=sys.stderr)
+  return {k: v for k, v in state.items() if k not in buffers}
 
 
 def locate(src: str):

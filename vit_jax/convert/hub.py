@@ -7,13 +7,18 @@ import re
 
 # A timm or transformers folder's weights, as the hub and `save_for_hf`
 # name them.
-WEIGHTS = ('model.safetensors', 'pytorch_model.bin')
+# Large ones come in shards, named by an index (`*.index.json`).
+WEIGHTS = ('model.safetensors', 'model.safetensors.index.json',
+           'pytorch_model.bin', 'pytorch_model.bin.index.json')
 
 # What a hub checkpoint's folder holds that vit_jax reads: the weights, the
 # config.json of timm or transformers, transformers' processor, a two-tower
 # model's tokenizer.
 HUB_FILES = ('config.json', 'model.safetensors', 'preprocessor_config.json',
-             'tokenizer.json', 'tokenizer_config.json', 'spiece.model')
+             'tokenizer.json', 'tokenizer_config.json', 'spiece.model',
+             'model.safetensors.index.json', 'model-*.safetensors',
+             'pytorch_model.bin', 'pytorch_model.bin.index.json',
+             'pytorch_model-*.bin')
 
 
 def fetch(name: str, timeout: float = 5.) -> str:

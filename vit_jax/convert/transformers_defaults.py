@@ -14,9 +14,10 @@ value. They are transformers 5.23's defaults:
 import copy
 from typing import Any, Dict
 
-_VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-            intermediate_size=3072, hidden_act='gelu', layer_norm_eps=1e-12,
-            image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
+_TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+              intermediate_size=3072, image_size=224, patch_size=16,
+              num_channels=3)
+_VIT = dict(_TOWER, hidden_act='gelu', layer_norm_eps=1e-12, qkv_bias=True)
 _DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                hidden_act='gelu', layer_norm_eps=1e-6, image_size=224,
                patch_size=14, num_channels=3, qkv_bias=True, mlp_ratio=4,
@@ -34,7 +35,7 @@ CONFIGS = {
                                   num_register_tokens=4),
     'clip': dict(projection_dim=512, logit_scale_init_value=2.6592),
     'clip_vision_model': dict(
-        _VIT, hidden_act='quick_gelu', layer_norm_eps=1e-5, patch_size=32,
+        _TOWER, hidden_act='quick_gelu', layer_norm_eps=1e-5, patch_size=32,
         projection_dim=512),
     'clip_text_model': dict(
         _TEXT, hidden_size=512, num_attention_heads=8, intermediate_size=2048,
@@ -42,7 +43,7 @@ CONFIGS = {
         max_position_embeddings=77, vocab_size=49408),
     'siglip': {},
     'siglip_vision_model': dict(
-        _VIT, hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
+        _TOWER, hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
         vision_use_head=True),
     'siglip_text_model': dict(
         _TEXT, hidden_size=768, num_attention_heads=12,
