@@ -10,6 +10,9 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   # A tfds name, or a folder of {train,test}/<class_name>/<image> files.
   config.dataset = ''
+  # A folder's files that are no images: left out, with a note of how many
+  # (False: the first one stops the run, named).
+  config.skip_bad_images = False
   config.tfds_data_dir = ml_collections.config_dict.placeholder(str)  # tensorflow_datasets folder (tfds default)
   config.tfds_manual_dir = ml_collections.config_dict.placeholder(str)  # files placed by hand, for tfds builders
   # Download and prepare a tfds dataset once when it is not prepared and the

@@ -208,6 +208,30 @@ def test_image_folder(tmp_path, tiny_config):
   assert mask.sum() == 6
 
 
+def test_a_folders_file_that_is_no_image_is_named(tmp_path, tiny_config,
+                                                  capfd):
+  """TensorFlow's decoder names no file: the run names it in one line; with
+  skip_bad_images it is left out before the run, and a note counts it."""
+  tiny_config.dataset = _image_folder(tmp_path, 6)
+  broken = tmp_path / 'test' / 'dog' / 'broken.png'
+  broken.write_text('not an image')
+  info = _info(tiny_config)
+  assert info.num_test == 7
+  with pytest.raises(ValueError) as error:
+    list(pipeline.eval_batches(info, tiny_config, batch_size=4))
+  assert str(error.value).startswith(f'{broken} is not an image that can be '
+                                     'decoded: remove it, or pass '
+                                     '--config.skip_bad_images=True')
+  tiny_config.skip_bad_images = True
+  info = _info(tiny_config)
+  assert (info.num_train, info.num_test) == (12, 6)
+  mask = np.concatenate([b['mask'] for b in pipeline.eval_batches(
+      info, tiny_config, batch_size=4)])
+  assert mask.sum() == 6
+  assert (f'Note: skipped 1 file(s) of {tmp_path} that are no images (the '
+          f'first: {broken}).') in capfd.readouterr().err
+
+
 def _eval_images(info, config):
   batches = list(pipeline.eval_batches(info, config, batch_size=4))
   images = np.concatenate([b['image'] for b in batches])

@@ -29,6 +29,7 @@ with epy.lazy_imports():  # TensorFlow loads when first used
 
 from vit_jax import cli
 from vit_jax.data import augment
+from vit_jax.data import folders
 from vit_jax.data import labels as task_labels
 from vit_jax.data import local_datasets  # registers the offline builders
 
@@ -63,7 +64,10 @@ def get_builder(config) -> tfds.core.DatasetBuilder:
   network answers; otherwise this fails within seconds, with instructions.
   """
   if epath.Path(config.dataset).is_dir():  # local, or in a bucket
-    return tfds.ImageFolder(config.dataset)
+    builder = tfds.ImageFolder(config.dataset)
+    if config.get('skip_bad_images'):
+      return folders.without_bad_files(builder)
+    return builder
   try:
     builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
   except tfds.core.registered.DatasetNotFoundError:
@@ -336,7 +340,21 @@ def train_iterator(info: DatasetInfo, config, *, batch_size: int,
   (`train_dataset`'s)."""
   ds = train_dataset(info, config, batch_size=batch_size,
                      start_step=start_step, rows=rows, example=example)
-  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+  return _naming_bad_files(tfds.as_numpy(ds.prefetch(config.prefetch)),
+                           info.builder)
+
+
+def _naming_bad_files(batches, builder):
+  """`batches`; where a folder's file is no image, the error names it
+  (TensorFlow's names no file)."""
+  try:
+    yield from batches
+  except tf.errors.OpError as e:
+    error = (folders.bad_file_error(builder)
+             if isinstance(builder, tfds.ImageFolder) else None)
+    if error is None:
+      raise
+    raise error from e
 
 
 def train_dataset(info: DatasetInfo, config, *, batch_size: int,
@@ -425,7 +443,8 @@ def eval_batches(info: DatasetInfo, config, *, batch_size: int,
   pad = {k: tf.zeros(v.shape, v.dtype) for k, v in ds.element_spec.items()}
   ds = ds.concatenate(tf.data.Dataset.from_tensors(pad).repeat())
   ds = ds.take(num_batches * batch_size).batch(batch_size)
-  return iter(tfds.as_numpy(ds.prefetch(config.prefetch)))
+  return _naming_bad_files(tfds.as_numpy(ds.prefetch(config.prefetch)),
+                           info.builder)
 
 
 def host_batch_size(global_batch: int) -> int:
