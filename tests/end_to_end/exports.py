@@ -24,10 +24,10 @@ from tests.tasks import test_dino
 from tests.tasks import test_lit
 from tests.tasks import test_mae
 from tests.tasks import test_navit
+from tests.tasks import test_segmentation
 from tests.tasks import test_siglip
 from tests.tasks import test_video
 from vit_jax import caption
-from vit_jax import convert
 from vit_jax import features
 from vit_jax import launch
 from vit_jax import models
@@ -37,11 +37,9 @@ from vit_jax.analysis import paper_figures
 from vit_jax.checkpoints import record
 from vit_jax.convert import converter
 from vit_jax.convert import transform
-from vit_jax.configs import common
 from vit_jax.configs import default
 from vit_jax.configs import dino_fmnist
 from vit_jax.configs import mae_fmnist
-from vit_jax.configs import segmentation_fmnist
 from vit_jax.data import local_datasets
 from vit_jax.models import lit as lit_models
 from vit_jax.tasks import captioning as captioning_task
@@ -145,15 +143,7 @@ def captioning(dirs, root, made):
 def segmentation(dirs, root, made):
   """A linear probe of the converted golden DINOv2 on 8 + 4 scenes."""
   del made
-  npz = str(root / 'encoder.npz')
-  convert.convert(os.path.join(helpers.DATA, 'timm_ssl', 'dinov2_reg4'), npz)
-  config = segmentation_fmnist.get_config('last4').unlock()
-  config.tfds_manual_dir = dirs[0]
-  config.tfds_data_dir = str(root / 'tfds')
-  config.tfds_download = False
-  common.with_model(config, 'DINOv2-testing-reg4')
-  config.segmentation.indices = (0, -1)
-  config.pretrained_path = npz
+  config = test_segmentation.probe_config(dirs, root)
   config.update(batch=8, batch_eval=8, shuffle_buffer=8)
   scenes = local_datasets.FashionMnistScenes
   return run(_short(config), root / 'probe',

@@ -17,12 +17,7 @@ def test_the_two_files_cover_every_kind():
   assert sorted(KINDS + test_exports_images.KINDS) == sorted(exports.KINDS)
 
 
-@pytest.fixture(scope='module')
-def made(fmnist_dirs, tmp_path_factory):
-  return exports.Made(fmnist_dirs, tmp_path_factory)
-
-
 @pytest.mark.parametrize('consumer', exports.CONSUMERS)
 @pytest.mark.parametrize('kind', KINDS)
-def test_cell(made, kind, consumer, tmp_path):
+def test_cell(made, kind, consumer, tmp_path):  # `made`: conftest.py's
   exports.check(made, kind, consumer, tmp_path)

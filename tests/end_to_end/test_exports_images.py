@@ -17,14 +17,9 @@ pytestmark = pytest.mark.xdist_group('exports_images')
 KINDS = ('default', 'finetune', 'preset', 'distill', 'lit', 'navit')
 
 
-@pytest.fixture(scope='module')
-def made(fmnist_dirs, tmp_path_factory):
-  return exports.Made(fmnist_dirs, tmp_path_factory)
-
-
 @pytest.mark.parametrize('consumer', exports.CONSUMERS)
 @pytest.mark.parametrize('kind', KINDS)
-def test_cell(made, kind, consumer, tmp_path):
+def test_cell(made, kind, consumer, tmp_path):  # `made`: conftest.py's
   exports.check(made, kind, consumer, tmp_path)
 
 

@@ -97,21 +97,27 @@ def test_mean_iou_and_pixel_accuracy_from_their_definitions():
                              (labels == predictions)[valid].mean())
 
 
-@pytest.fixture
-def scenes_config(fmnist_dirs, tmp_path, monkeypatch):
-  """configs/segmentation_fmnist.py on 24 + 10 tiny scenes, probing the
-  golden DINOv2 with registers (converted from timm), 56 px: a 4x4 grid."""
-  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
-  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
-  npz = str(tmp_path / 'encoder.npz')
+def probe_config(fmnist_dirs, root):
+  """configs/segmentation_fmnist.py probing the golden DINOv2 with
+  registers (converted from timm, into `root`), 56 px: a 4x4 grid."""
+  npz = str(root / 'encoder.npz')
   convert.convert(os.path.join(helpers.DATA, 'timm_ssl', 'dinov2_reg4'), npz)
   config = segmentation_fmnist.get_config('last4').unlock()
   config.tfds_manual_dir = fmnist_dirs[0]
-  config.tfds_data_dir = str(tmp_path / 'tfds')
+  config.tfds_data_dir = str(root / 'tfds')
   config.tfds_download = False
   common.with_model(config, 'DINOv2-testing-reg4')
   config.segmentation.indices = (0, -1)
   config.pretrained_path = npz
+  return config
+
+
+@pytest.fixture
+def scenes_config(fmnist_dirs, tmp_path, monkeypatch):
+  """`probe_config` on 24 + 10 tiny scenes."""
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
+  config = probe_config(fmnist_dirs, tmp_path)
   config.update(total_steps=4, warmup_steps=1, batch=8, batch_eval=8,
                 base_lr=0.05, progress_every=1, checkpoint_every=2,
                 shuffle_buffer=24)
