@@ -257,12 +257,23 @@ def analysis_model(workdir, config, tmp_path):
 
 
 def convert_layouts(workdir, config, tmp_path):
-  """`python -m vit_jax.convert WORKDIR DST` in both layouts."""
+  """`python -m vit_jax.convert WORKDIR DST` in both layouts; an image
+  model's transformers folder reads back to the same outputs (a custom
+  model's too, as `ViT-custom`)."""
   del config
   converter.convert(workdir, str(tmp_path / 'timm.safetensors'))
   converter.convert(workdir, str(tmp_path / 'hf'), None, 'transformers')
   assert (tmp_path / 'timm.safetensors').stat().st_size
-  assert (tmp_path / 'hf' / 'config.json').exists()
+  exported = models.from_pretrained(workdir)
+  if isinstance(exported.model, lit_models.LitModel):
+    return  # the folder holds its image tower alone
+  again = models.from_pretrained(str(tmp_path / 'hf'))
+  assert again.transform == exported.transform
+  size = exported.transform.size
+  images = np.random.default_rng(0).normal(size=(2, size, size, 3))
+  outputs = [m.model.apply({'params': m.params}, images, train=False)
+             for m in (exported, again)]
+  np.testing.assert_allclose(*outputs, rtol=1e-5, atol=1e-6)
 
 
 def caption_model(workdir, config, tmp_path):
@@ -316,10 +327,12 @@ def check(made, kind, consumer, tmp_path):
   in one line, naming the workdir or its export, why it cannot."""
   workdir, config = made.run(kind)
   why = REFUSED.get((kind, consumer))
-  if why is None:
-    CONSUMERS[consumer](workdir, config, tmp_path)
-    return
-  with pytest.raises(ValueError, match=re.escape(why)) as error:
-    CONSUMERS[consumer](workdir, config, tmp_path)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv('VIT_JAX_CACHE', str(tmp_path / 'cache'))  # conversions
+    if why is None:
+      CONSUMERS[consumer](workdir, config, tmp_path)
+      return
+    with pytest.raises(ValueError, match=re.escape(why)) as error:
+      CONSUMERS[consumer](workdir, config, tmp_path)
   message = str(error.value)
   assert '\n' not in message and workdir in message, message

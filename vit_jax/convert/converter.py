@@ -222,12 +222,45 @@ def _from_vit(state: Flat, settings, weights: str, model_name, *,
     flat = convert_eva.drop_biases(flat, qkv_bias)
   _check_complete(flat, weights, overrides)
   _check_config_dims(settings, flat, weights, layout)
-  model_name = model_name or infer_preset(
-      flat, settings['num_heads'], overrides['classifier'],
-      family=family, overrides=overrides)
+  if model_name is None:
+    try:
+      model_name = infer_preset(flat, settings['num_heads'],
+                                overrides['classifier'], family=family,
+                                overrides=overrides)
+    except ValueError:
+      if family not in (None, registry.FAMILIES[registry.DEFAULT]) or (
+          not _plain(flat)):
+        raise
+      return Source(flat, CUSTOM, _custom_vit(flat, settings, overrides),
+                    dict(transform or {}))
   check_preset(flat, model_name, settings['num_heads'])
   return Source(flat, model_name, differences(model_name, overrides),
                 dict(transform or {}))
+
+
+# The name of a ViT that no preset has the shapes of (e.g. the default
+# job's, written in transformers' layout and read back): its record holds
+# the whole model.
+CUSTOM = 'ViT-custom'
+
+
+def _plain(flat: Flat) -> bool:
+  """A plain ViT's names: no hybrid stem, distillation token, SwiGLU."""
+  d = dims(flat)
+  return not (d['resnet'] or d['dist_token'] or d['swiglu'] or
+              d['relative_bias'])
+
+
+def _custom_vit(flat: Flat, settings, overrides) -> Dict[str, Any]:
+  """The whole model config of a plain ViT of these shapes."""
+  d = dims(flat)
+  pre_logits = flat.get('pre_logits/kernel')
+  model = {'patches': {'size': list(d['patch'])}, 'hidden_size': d['width'],
+           'representation_size': (None if pre_logits is None else
+                                   pre_logits.shape[-1]),
+           'transformer': {'mlp_dim': d['mlp_dim'], 'num_layers': d['depth'],
+                           'num_heads': settings['num_heads']}}
+  return transform.merged(model, overrides)
 
 
 # The family of each kind of transformers' image tower.
