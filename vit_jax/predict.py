@@ -47,6 +47,8 @@ def load_classifier(model_name, path, size=None, recorded=None):
   """(model, params, image side) for the checkpoint at `path`: preset
   `model_name`, else the model its `recorded` transform names, with the
   record's `model` settings."""
+  if model_name and model_name not in registry.MODEL_CONFIGS:
+    raise ValueError(cli.closest(model_name, registry.MODEL_CONFIGS, 'model'))
   config, _ = transform.preset_settings(model_name, recorded, source=path)
   name = config.get('model_name') or ''
   if registry.model_class(name, config) is lit.LitModel:

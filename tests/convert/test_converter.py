@@ -366,9 +366,11 @@ def test_model_name_that_does_not_fit_writes_nothing(tmp_path):
   five_heads = _edited_folder(tmp_path, 'token', num_heads=5)
   with pytest.raises(ValueError, match=r'heads 5 \(testing: 2\)'):
     convert.convert(five_heads, str(dst), 'testing')
-  with pytest.raises(ValueError, match='No preset has these shapes'):
-    convert.convert(five_heads, str(dst))
   assert not os.listdir(dst.parent)
+  # No preset has 5 heads of width 10: a plain ViT, read as a custom one.
+  assert convert.convert(five_heads, str(dst)) == 'ViT-custom'
+  record = json.loads((dst.parent / 'model.transform.json').read_text())
+  assert record['model']['transformer']['num_heads'] == 5
 
 
 def test_config_that_timm_did_not_write_is_refused(tmp_path):

@@ -186,8 +186,16 @@ class Made:
 # numbers are other tests' business).
 
 IMAGE = os.path.join(helpers.DATA, 'predict_image.jpg')
-if 'out' not in flags.FLAGS:  # test_features.py may have defined them
-  features.define_flags()  # features' and predict's, as their commands do
+
+
+def define_command_flags():
+  """features' and predict's flags, as their commands define them; once
+  per process (test_features.py reads them too)."""
+  if 'out' not in flags.FLAGS:
+    features.define_flags()
+
+
+define_command_flags()
 
 
 def _parsed_flags(workdir, tmp_path):

@@ -18,6 +18,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests import helpers
+from tests.end_to_end import exports
 from vit_jax import cli
 from vit_jax import convert
 from vit_jax import features
@@ -25,7 +26,7 @@ from vit_jax import models
 from vit_jax.convert import transform
 from vit_jax.data import pipeline
 
-features.define_flags()  # as the command line does; main reads them
+exports.define_command_flags()  # as the command line does; main reads them
 
 # Relative paths and pixel arrays' shapes: sizes differ, one image is gray
 # and one has an alpha channel.

@@ -5,6 +5,7 @@ the task end to end (1 vs 8 devices, kill -9 then resume, export)."""
 import json
 
 import chex
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -335,7 +336,12 @@ def test_one_device_equals_eight(fmnist_dirs, tmp_path, monkeypatch):
   p8 = launch.train_and_evaluate(config, str(tmp_path / 'eight'))
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
   p1 = launch.train_and_evaluate(config, str(tmp_path / 'one'))
-  chex.assert_trees_all_close(p1, p8, rtol=1e-4, atol=1e-6)
+  # The attention's key biases have a zero gradient in exact arithmetic (a
+  # query's scores all shift alike): theirs is rounding, which AdamW scales
+  # up to the learning rate, and which differs with the summation order.
+  exact = lambda p: {k: v for k, v in traverse_util.flatten_dict(
+      p, sep='/').items() if not k.endswith('/key/bias')}
+  chex.assert_trees_all_close(exact(p1), exact(p8), rtol=1e-4, atol=1e-6)
   # The step moved the student, the teacher followed, the centre moved.
   assert not np.allclose(p8['center'], 0)
   s, t = p8['student']['encoder'], p8['teacher']['encoder']

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from etils import epath
+from flax import traverse_util
 import jax
 import numpy as np
 
@@ -174,6 +176,17 @@ def _check_vit(params, path):
     raise files.CheckpointError(
         f'Checkpoint {path} is {kind}: a ViViT starts from an image ViT '
         '(or a ViViT) of its widths and depth.')
+
+
+def check_source(path) -> None:
+  """Refuses an .npz that no image ViT (or ViViT) made, from its names
+  alone, before any data or model is made (other sources are checked as
+  they load)."""
+  if not str(path).endswith('.npz') or not epath.Path(path).exists():
+    return
+  with np.load(epath.Path(path).open('rb')) as arrays:
+    names = {name: None for name in arrays.files}
+  _check_vit(traverse_util.unflatten_dict(names, sep='/'), path)
 
 
 def _check_same_encoder(params, init_params, path):

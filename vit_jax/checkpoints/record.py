@@ -193,7 +193,7 @@ def settings(record: Optional[Mapping[str, Any]], model_name=None, *,
           "(trainer='evaluate').")
     return name, model
   raise registry.UnknownPreset(
-      cli.closest(name, registry.MODEL_CONFIGS, 'model'))
+      cli.closest(name, registry.MODEL_CONFIGS, 'model preset'))
 
 
 def normalization(record, name: str) -> Tuple[tuple, tuple]:

@@ -88,6 +88,7 @@ class Task(base.Task):
   def check_config(cls, config, data_devices):
     check_settings(config)
     super().check_config(config, data_devices)
+    inflate.check_source(pretrained.pretrained_path(config))  # before data
 
   @classmethod
   def evaluates(cls, config):
