@@ -1,0 +1,110 @@
+"""The suite's cost, measured by the suite itself (hooks that conftest.py
+calls).
+
+Always: the wall seconds of each test file (its tests' setup, call and
+teardown, summed over the xdist workers that ran them), checked at the end
+of the session against a budget: a file over it fails the run (see
+docs/testing.md; `VIT_JAX_FILE_BUDGET_S` raises it, 0 turns it off).
+
+With `VIT_JAX_TEST_TIMINGS=DIR` set (scripts/test_timings.py sets it): one
+JSON line per test in DIR/<worker>.jsonl with its wall and CPU seconds, the
+CPU seconds of the processes it started and waited for, how many it
+started, its seconds in XLA compilation (persistent cache reads included)
+and its persistent cache hits and misses in the pytest process.
+"""
+
+import collections
+import json
+import os
+import subprocess
+import time
+
+FILE_BUDGET_S = 90.0
+BUDGET_VAR = 'VIT_JAX_FILE_BUDGET_S'
+TIMINGS_VAR = 'VIT_JAX_TEST_TIMINGS'
+
+
+def budget() -> float:
+  return float(os.environ.get(BUDGET_VAR, FILE_BUDGET_S))
+
+
+def over_budget(file_seconds: dict, limit: float) -> list:
+  """The (file, seconds) over `limit`, costliest first; none if limit <= 0."""
+  if limit <= 0:
+    return []
+  return sorted(((f, s) for f, s in file_seconds.items() if s > limit),
+                key=lambda fs: -fs[1])
+
+
+class FileBudget:
+  """Sums each file's test durations where the reports arrive (the xdist
+  controller, or pytest's only process) and fails the session past the
+  budget. Durations are pytest's own, measured by the worker that ran the
+  test: the controller's waits and the workers' start are not in them."""
+
+  def __init__(self):
+    self.seconds = collections.defaultdict(float)
+
+  def logreport(self, report):
+    self.seconds[report.nodeid.split('::')[0]] += report.duration
+
+  def sessionfinish(self, session):
+    over = over_budget(self.seconds, budget())
+    if over and session.exitstatus == 0:
+      session.exitstatus = 1
+    self.over = over
+
+  def summary(self, terminalreporter):
+    if not getattr(self, 'over', None):
+      return
+    terminalreporter.section('test files over their wall budget', red=True)
+    for path, seconds in self.over:
+      terminalreporter.line(
+          f'{path}: {seconds:.0f} s > {budget():.0f} s '
+          f'(docs/testing.md: split it, or shrink its tests)')
+
+
+class TestCost:
+  """Per test: wall, CPU, children's CPU, process starts, compile seconds."""
+
+  def __init__(self, directory: str, worker: str):
+    self.path = os.path.join(directory, f'{worker}.jsonl')
+    self.compile_s = 0.0
+    self.hits = self.misses = self.starts = 0
+    from jax import monitoring  # pylint: disable=g-import-not-at-top
+    monitoring.register_event_duration_secs_listener(self._duration)
+    monitoring.register_event_listener(self._event)
+    original = subprocess.Popen.__init__
+
+    def counting_init(popen, *args, **kw):
+      self.starts += 1
+      original(popen, *args, **kw)
+
+    subprocess.Popen.__init__ = counting_init
+
+  def _duration(self, event, seconds, **_):
+    if event == '/jax/core/compile/backend_compile_duration':
+      self.compile_s += seconds
+
+  def _event(self, event, **_):
+    if event == '/jax/compilation_cache/cache_hits':
+      self.hits += 1
+    elif event == '/jax/compilation_cache/cache_misses':
+      self.misses += 1
+
+  def _state(self):
+    t = os.times()
+    return dict(wall=time.perf_counter(), cpu=t.user + t.system,
+                child_cpu=t.children_user + t.children_system,
+                compile=self.compile_s, hits=self.hits, misses=self.misses,
+                starts=self.starts)
+
+  def around(self, item):
+    """Wraps one test's protocol (setup, call, teardown): a generator."""
+    before = self._state()
+    yield
+    after = self._state()
+    row = {k: after[k] - before[k] for k in before}
+    row['test'] = item.nodeid
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(row) + '\n')
