@@ -37,6 +37,8 @@ BAD_FLAGS = [
     ('--config.pp.crp=3', "Unknown config key 'pp.crp'; did you mean pp.crop"),
     ('--config.evals.tset.every=3', "'evals.tset'; did you mean evals.test"),
     ('--config.batch=abc', 'flag --config.batch=abc: invalid literal'),
+    # The original's name for base_lr (was test_main's own process).
+    ('--config.learning_rate=0.1', "Unknown config key 'learning_rate'"),
 ]
 EARLY_ERRORS = ['--config.foo=1', '--config.trainer=trian',
                 '--config.optimizer=adamx',
