@@ -4,7 +4,8 @@ calls).
 Always: the wall seconds of each test file (its tests' setup, call and
 teardown, summed over the xdist workers that ran them), checked at the end
 of the session against a budget: a file over it fails the run (see
-docs/testing.md; `VIT_JAX_FILE_BUDGET_S` raises it, 0 turns it off).
+docs/testing.md; `VIT_JAX_FILE_BUDGET_S` sets it, the caps of the files
+over it in proportion, and 0 turns the check off).
 
 With `VIT_JAX_TEST_TIMINGS=DIR` set (scripts/test_timings.py sets it): one
 JSON line per test in DIR/<worker>.jsonl with its wall and CPU seconds, the
@@ -19,21 +20,40 @@ import os
 import subprocess
 import time
 
-FILE_BUDGET_S = 90.0
+FILE_BUDGET_S = 120.0
+# The files that cost more when the budget came, each capped at about 1.5
+# times its cost then (docs/testing.md, on CI's two cores): lower a cap when
+# its file gets cheaper, drop it under the budget; no file joins this list.
+CAPS_S = {
+    'tests/run/test_run_config.py': 280,
+    'tests/end_to_end/test_multihost.py': 210,
+    'tests/run/test_loop.py': 200,
+    'tests/tasks/test_beit.py': 170,
+    'tests/platform/test_plan.py': 165,
+    'tests/tasks/test_dino.py': 165,
+    'tests/models/test_presets.py': 145,
+    'tests/end_to_end/test_cli.py': 140,
+}
 BUDGET_VAR = 'VIT_JAX_FILE_BUDGET_S'
 TIMINGS_VAR = 'VIT_JAX_TEST_TIMINGS'
 
 
 def budget() -> float:
+  """The budget of a file; `VIT_JAX_FILE_BUDGET_S` scales the caps with it."""
   return float(os.environ.get(BUDGET_VAR, FILE_BUDGET_S))
 
 
-def over_budget(file_seconds: dict, limit: float) -> list:
-  """The (file, seconds) over `limit`, costliest first; none if limit <= 0."""
-  if limit <= 0:
+def limit(path: str, default: float) -> float:
+  return CAPS_S.get(path, FILE_BUDGET_S) * default / FILE_BUDGET_S
+
+
+def over_budget(file_seconds: dict, default: float) -> list:
+  """The (file, seconds, limit) over their limit, costliest first; none if
+  `default` <= 0."""
+  if default <= 0:
     return []
-  return sorted(((f, s) for f, s in file_seconds.items() if s > limit),
-                key=lambda fs: -fs[1])
+  return sorted(((f, s, limit(f, default)) for f, s in file_seconds.items()
+                 if s > limit(f, default)), key=lambda fsl: -fsl[1])
 
 
 class FileBudget:
@@ -58,10 +78,10 @@ class FileBudget:
     if not getattr(self, 'over', None):
       return
     terminalreporter.section('test files over their wall budget', red=True)
-    for path, seconds in self.over:
+    for path, seconds, cap in self.over:
       terminalreporter.line(
-          f'{path}: {seconds:.0f} s > {budget():.0f} s '
-          f'(docs/testing.md: split it, or shrink its tests)')
+          f'{path}: {seconds:.0f} s > {cap:.0f} s '
+          f'(docs/testing.md: shrink its tests, or split it)')
 
 
 class TestCost:
