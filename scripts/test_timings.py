@@ -3,6 +3,7 @@ r"""The test suite's cost, sorted: which files and tests to make cheaper.
   python scripts/test_timings.py                    # the whole suite, 2 workers
   python scripts/test_timings.py tests/run -n 0     # one folder, one process
   python scripts/test_timings.py --junit run.xml    # a past run's junit xml
+  VIT_JAX_TEST_TIMINGS=DIR bash .ci/run; python scripts/test_timings.py --dir DIR
 
 Runs pytest with VIT_JAX_TEST_TIMINGS set (tests/suite_cost.py records one
 line per test), then prints per file and per test, costliest first:
@@ -42,6 +43,11 @@ def run_suite(paths, workers, extra):
   code = subprocess.call(command + extra, env=dict(
       os.environ, VIT_JAX_TEST_TIMINGS=directory))
   wall = time.perf_counter() - start
+  return read_rows(directory), code, wall
+
+
+def read_rows(directory):
+  """The lines tests/suite_cost.py wrote into `directory`."""
   rows = []
   for path in glob.glob(os.path.join(directory, '*.jsonl')):
     with open(path) as f:
@@ -49,7 +55,7 @@ def run_suite(paths, workers, extra):
         row = json.loads(line)
         row['child'] = row.pop('child_cpu')
         rows.append(row)
-  return rows, code, wall
+  return rows
 
 
 def junit_rows(path):
@@ -95,6 +101,8 @@ def main():
   parser.add_argument('-n', '--workers', type=int, default=2,
                       help='xdist workers; 0 runs in one process')
   parser.add_argument('--junit', help='tabulate this junit xml instead')
+  parser.add_argument('--dir', help='tabulate the lines of a run made with '
+                      'VIT_JAX_TEST_TIMINGS=DIR instead')
   parser.add_argument('--top', type=int, default=30)
   parser.add_argument('--out', help='also write the tables to this file')
   args, extra = parser.parse_known_args()
@@ -102,6 +110,8 @@ def main():
   code, header = 0, ''
   if args.junit:
     rows, columns = junit_rows(args.junit), ('wall',)
+  elif args.dir:
+    rows, columns = read_rows(args.dir), COLUMNS
   else:
     rows, code, wall = run_suite(args.paths, args.workers, extra)
     columns = COLUMNS
