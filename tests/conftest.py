@@ -160,8 +160,9 @@ def pytest_collection_modifyitems(items):
       item.path.parent.name not in LONG_FIRST))
 
 
-# The suite's cost (tests/suite_cost.py): each file's wall time against the
+# The suite's cost (tests/suite_cost.py): each file's CPU seconds against the
 # budget of docs/testing.md, and per test detail for scripts/test_timings.py.
+_PHASE_CPU = suite_cost.PhaseCpu()
 _FILE_BUDGET = suite_cost.FileBudget()
 _TEST_COST = None
 
@@ -184,6 +185,15 @@ def pytest_runtest_protocol(item, nextitem):
     return (yield)
   finally:
     next(around, None)
+
+
+def pytest_runtest_logstart():
+  _PHASE_CPU.logstart()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport():
+  return _PHASE_CPU.makereport((yield))
 
 
 def pytest_runtest_logreport(report):
