@@ -38,6 +38,8 @@ import tensorflow_datasets as tfds
 from vit_jax.configs import common
 from vit_jax.data import pipeline
 
+from tests import suite_cost
+
 
 def write_idx(path, array):
   """Writes `array` (uint8) in the gzipped idx format of the MNIST family."""
@@ -156,3 +158,52 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: (
       item.get_closest_marker('xdist_group') is None,
       item.path.parent.name not in LONG_FIRST))
+
+
+# The suite's cost (tests/suite_cost.py): each file's CPU seconds against the
+# budget of docs/testing.md, and per test detail for scripts/test_timings.py.
+_PHASE_CPU = suite_cost.PhaseCpu()
+_FILE_BUDGET = suite_cost.FileBudget()
+_TEST_COST = None
+
+
+def pytest_configure(config):
+  global _TEST_COST
+  if os.environ.get(suite_cost.TIMINGS_VAR):
+    worker = getattr(config, 'workerinput', {}).get('workerid', 'main')
+    _TEST_COST = suite_cost.TestCost(os.environ[suite_cost.TIMINGS_VAR],
+                                     worker)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  if _TEST_COST is None:
+    return (yield)
+  around = _TEST_COST.around(item)
+  next(around)
+  try:
+    return (yield)
+  finally:
+    next(around, None)
+
+
+def pytest_runtest_logstart():
+  _PHASE_CPU.logstart()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport():
+  return _PHASE_CPU.makereport((yield))
+
+
+def pytest_runtest_logreport(report):
+  _FILE_BUDGET.logreport(report)
+
+
+def pytest_sessionfinish(session):
+  if not hasattr(session.config, 'workerinput'):
+    _FILE_BUDGET.sessionfinish(session)
+
+
+def pytest_terminal_summary(terminalreporter):
+  _FILE_BUDGET.summary(terminalreporter)

@@ -1,5 +1,6 @@
 """Errors a user can fix read as a line or two, with the closest names."""
 
+import json
 import os
 import subprocess
 import sys
@@ -31,20 +32,77 @@ def _main(tmp_path, *flags):
               f'--workdir={tmp_path}/w', *flags)
 
 
-@pytest.mark.parametrize('flag,message', [
+BAD_FLAGS = [
     ('--config.foo=1', "Unknown config key 'foo'; expected one of "),
     ('--config.pp.crp=3', "Unknown config key 'pp.crp'; did you mean pp.crop"),
     ('--config.evals.tset.every=3', "'evals.tset'; did you mean evals.test"),
     ('--config.batch=abc', 'flag --config.batch=abc: invalid literal'),
-])
-def test_bad_config_flag_is_one_line(tmp_path, flag, message):
-  result = _main(tmp_path, flag)
-  assert result.returncode == 1
-  lines = result.stderr.splitlines()
-  assert len(lines) == 2, result.stderr
+    # The original's name for base_lr (was test_main's own process).
+    ('--config.learning_rate=0.1', "Unknown config key 'learning_rate'"),
+]
+EARLY_ERRORS = ['--config.foo=1', '--config.trainer=trian',
+                '--config.optimizer=adamx',
+                '--config.pretrained_path=missing.npz']
+
+# `python -m vit_jax.main --config=configs/default.py --workdir=W FLAG`,
+# each FLAG in turn in one process (one start and import of the package,
+# not one each): each run's exit code and stderr (its file descriptor, so
+# that absl's and TensorFlow's lines would show too), and whether
+# TensorFlow was imported by then. The flags main defines are dropped
+# after each run, as a new process would not have them.
+_MAIN_RUNS = textwrap.dedent('''
+    import json, os, runpy, sys, tempfile
+    from absl import flags
+    out = []
+    for flag, workdir in json.loads(sys.argv[1]):
+      sys.argv = ['main', '--config=configs/default.py',
+                  f'--workdir={workdir}', flag]
+      sys.stderr.flush()
+      saved = os.dup(2)
+      with tempfile.TemporaryFile('w+') as err:
+        os.dup2(err.fileno(), 2)
+        try:
+          runpy.run_module('vit_jax.main', run_name='__main__')
+          code = 0
+        except SystemExit as e:
+          code = e.code
+        finally:
+          sys.stderr.flush()
+          os.dup2(saved, 2)
+        err.seek(0)
+        out.append(dict(code=code, stderr=err.read(),
+                        tensorflow='tensorflow' in sys.modules))
+      by_module = flags.FLAGS.flags_by_module_dict()
+      for flag in by_module.pop('main', []) + by_module.pop('__main__', []):
+        delattr(flags.FLAGS, flag.name)
+      flags.FLAGS.unparse_flags()
+    print(json.dumps(out))
+''')
+
+
+@pytest.fixture(scope='module')
+def bad_main_runs(tmp_path_factory):
+  """{flag: (exit code, stderr, TensorFlow imported?, workdir)} of main
+  with each flag of BAD_FLAGS and EARLY_ERRORS: errors said before
+  TensorFlow loads, whose start-up lines a run of its own filters."""
+  flags = list(dict.fromkeys([f for f, _ in BAD_FLAGS] + EARLY_ERRORS))
+  root = tmp_path_factory.mktemp('bad_main_runs')
+  runs = [(flag, str(root / str(i) / 'w')) for i, flag in enumerate(flags)]
+  result = _run('-c', _MAIN_RUNS, json.dumps(runs))
+  assert result.returncode == 0, result.stderr[-3000:]
+  return {flag: (r['code'], r['stderr'], r['tensorflow'], workdir)
+          for (flag, workdir), r in zip(runs, json.loads(result.stdout))}
+
+
+@pytest.mark.parametrize('flag,message', BAD_FLAGS)
+def test_bad_config_flag_is_one_line(bad_main_runs, flag, message):
+  code, stderr, _, workdir = bad_main_runs[flag]
+  assert code == 1
+  lines = stderr.splitlines()
+  assert len(lines) == 2, stderr
   assert lines[0].startswith('Error: ') and message in lines[0]
   assert lines[1] == 'Pass --helpfull to see the flags.'
-  assert not os.path.exists(tmp_path / 'w')
+  assert not os.path.exists(workdir)
 
 
 def test_tensorflow_import_is_quiet():
@@ -78,24 +136,13 @@ def test_filtered_stderr_keeps_what_is_not_noise(capfd):
       'Traceback (most recent call last):\n')
 
 
-@pytest.mark.parametrize('flag', [
-    '--config.foo=1', '--config.trainer=trian', '--config.optimizer=adamx',
-    '--config.pretrained_path=missing.npz'])
-def test_config_errors_come_before_tensorflow(tmp_path, flag):
+@pytest.mark.parametrize('flag', EARLY_ERRORS)
+def test_config_errors_come_before_tensorflow(bad_main_runs, flag):
   """A bad key, value or file is said before the data stack is imported."""
-  code = textwrap.dedent(f'''
-      import runpy, sys
-      sys.argv = ['main', '--config=configs/default.py',
-                  '--workdir={tmp_path}/w', {flag!r}]
-      try:
-        runpy.run_module('vit_jax.main', run_name='__main__')
-      except SystemExit as e:
-        print(e.code, 'tensorflow' in sys.modules)
-  ''')
-  result = _run('-c', code)
-  assert result.stdout.split() == ['1', 'False'], result.stderr
-  assert result.stderr.startswith('Error: '), result.stderr
-  assert not os.path.exists(tmp_path / 'w')
+  code, stderr, tensorflow, workdir = bad_main_runs[flag]
+  assert (code, tensorflow) == (1, False), stderr
+  assert stderr.startswith('Error: '), stderr
+  assert not os.path.exists(workdir)
 
 
 def test_unknown_dataset_names_the_closest(tmp_path):

@@ -3,7 +3,13 @@
 A run with 2 processes of 4 CPU devices each must match 1 process with 8,
 resume across the two topologies, agree on the step to save when only one
 process gets SIGTERM, and stop in bounded time when a process is lost.
+The runs of 1 process with 8 devices that are no process's test (the
+uninterrupted references, the resumes that finish a run) run in this
+pytest process, which has 8 CPU devices: the same command's config and
+code path as `vit_jax.main`, without a process start and its compiles.
 """
+
+import ast
 
 import json
 import os
@@ -18,8 +24,13 @@ import pytest
 
 from tests import helpers
 from tests.conftest import FAST_COMPILE
+from vit_jax import launch
+from vit_jax import run_config
 from vit_jax.configs import default
+from vit_jax.configs import siglip_fmnist
+from vit_jax.data import captions
 from vit_jax.data import pipeline
+from vit_jax.data import tokenizers
 
 pytestmark = pytest.mark.xdist_group('multihost')  # one `reference` run
 
@@ -86,6 +97,29 @@ def _run(workdir, fmnist_dirs, num_processes):
   assert codes == [0] * num_processes, _log(workdir)
 
 
+def _value(text):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a path
+
+
+def _run_here(workdir, fmnist_dirs, command=None, get_config=None):
+  """`command`'s run (1 process, 8 devices) in this process, as
+  `vit_jax.main` runs it: its `--config.KEY=VALUE` flags over the config
+  file's `get_config`, settled by `run_config`, checked, trained."""
+  argv = (command or _command)(workdir, fmnist_dirs)
+  argv, held = run_config.held_model_flags(argv)
+  given = dict(a[len('--config.'):].split('=', 1) for a in argv
+               if a.startswith('--config.'))
+  given = {k: _value(v) for k, v in given.items()}
+  config = (get_config or default.get_config)()
+  config.update_from_flattened_dict(given)
+  config.lock()
+  config = run_config.resolve(config, given, held)
+  launch.train_and_evaluate(config, str(workdir), mesh=launch.check(config))
+
+
 def _signal_when(procs, workdir, line, target, sig):
   """Sends `sig` to `procs[target]` once process 0 has printed `line`."""
   deadline = time.time() + 300
@@ -123,7 +157,7 @@ def reference(prepared, tmp_path_factory):
   """An uninterrupted run: 1 process, 8 devices."""
   fmnist_dirs = prepared
   workdir = str(tmp_path_factory.mktemp('reference'))
-  _run(workdir, fmnist_dirs, 1)
+  _run_here(workdir, fmnist_dirs)
   return workdir
 
 
@@ -154,7 +188,7 @@ def test_preempted_runs_resume_across_topologies(reference, fmnist_dirs,
            for i in range(2)}
   assert len(saved) == 1, saved
   assert 15 <= int(saved.pop()) < STEPS
-  _run(workdir, fmnist_dirs, 1)
+  _run_here(workdir, fmnist_dirs)
   _assert_same_params(workdir, reference)
 
 
@@ -176,7 +210,7 @@ def test_lost_process_stops_the_others(reference, fmnist_dirs, tmp_path):
   workdir = str(tmp_path)
   log = _kill_one(workdir, fmnist_dirs, '[15/', lost=1)
   assert 'tasks are unhealthy' in log and '\n1\n' in log, log[-2000:]
-  _run(workdir, fmnist_dirs, 1)
+  _run_here(workdir, fmnist_dirs)
   _assert_same_params(workdir, reference)
 
 
@@ -207,16 +241,14 @@ def _siglip_command(vocab):
 def test_siglip_ring_across_processes(prepared, tmp_path):
   """The chunked sigmoid loss passes captions around the ring of all 8
   devices, across the 2 processes: the same parameters as 1 process."""
-  from vit_jax.configs import siglip_fmnist  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import tokenizers  # pylint: disable=g-import-not-at-top
   vocab = str(tmp_path / 'vocab.model')
   tokenizers.train_sentencepiece(
       captions.all_captions(siglip_fmnist.get_config()), vocab, 256)
-  for n in (1, 2):
-    workdir = str(tmp_path / str(n))
-    codes = _wait(_start(workdir, prepared, n, command=_siglip_command(vocab)))
-    assert codes == [0] * n, _log(workdir)
+  _run_here(tmp_path / '1', prepared, _siglip_command(vocab),
+            lambda: siglip_fmnist.get_config('siglip'))
+  workdir = str(tmp_path / '2')
+  codes = _wait(_start(workdir, prepared, 2, command=_siglip_command(vocab)))
+  assert codes == [0, 0], _log(workdir)
   name = 'LiT-fmnist-siglip-scratch.npz'
   one, two = (np.load(tmp_path / str(n) / name) for n in (1, 2))
   assert sorted(one.files) == sorted(two.files)
