@@ -1,4 +1,4 @@
-"""Every output is an input (1 of 2): the exports of classification runs
+"""Every output is an input (1 of 3): the exports of classification runs
 (the default job's custom model, a preset, fine-tuning from a workdir,
 distillation), LiT and NaViT, each opened by its workdir's path alone in
 every tool that takes a checkpoint (`exports.py`: the matrix)."""
