@@ -144,6 +144,24 @@ def interrupt_at(monkeypatch, batch_index, action, stream=pipeline):
   monkeypatch.setattr(stream, 'train_iterator', wrapped)
 
 
+def crashed_and_resumed(config, root, monkeypatch, batch_index):
+  """(the final parameters of `config` run uninterrupted in `root/whole`,
+  those of a run in `root/resumed` that crashed when its stream handed out
+  batch `batch_index`, then ran again)."""
+  from vit_jax import launch  # pylint: disable=g-import-not-at-top
+  whole = launch.train_and_evaluate(config, str(root / 'whole'))
+
+  def crash(batch):
+    del batch
+    raise RuntimeError('simulated crash')
+
+  interrupt_at(monkeypatch, batch_index, crash)
+  with pytest.raises(RuntimeError, match='simulated crash'):
+    launch.train_and_evaluate(config, str(root / 'resumed'))
+  monkeypatch.undo()
+  return whole, launch.train_and_evaluate(config, str(root / 'resumed'))
+
+
 # The folders whose tests train, compile for a slice or start processes:
 # seconds to a minute each, against a fraction of a second elsewhere.
 LONG_FIRST = ('end_to_end', 'original', 'platform', 'run', 'tasks')

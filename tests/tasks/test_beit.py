@@ -3,7 +3,6 @@ step of each against its equations, export and fine-tuning, 1 device
 against 8, a crash and resume, and the settings refused before compiling."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import pytest
 import scipy.special
 
 from tests import helpers
-from tests.conftest import interrupt_at
+from tests.conftest import crashed_and_resumed
 from vit_jax import checkpoint  # the original's module name
 from vit_jax import launch
 from vit_jax.checkpoints import files
@@ -246,18 +245,8 @@ def test_a_crash_resumes_to_the_same_state(fmnist_dirs, dvae_dir, tmp_path,
   config.batch, config.total_steps, config.warmup_steps = 16, 12, 2
   config.checkpoint_every, config.progress_every = 4, 2
   config.evals.knn.every = config.evals.fewshot.every = None
-  whole = launch.train_and_evaluate(config, str(tmp_path / 'whole'))
-
-  def crash(batch):  # in step 11, after step 8's checkpoint
-    del batch
-    raise RuntimeError('simulated crash')
-
-  interrupt_at(monkeypatch, 10, crash)
-  with pytest.raises(RuntimeError, match='simulated crash'):
-    launch.train_and_evaluate(config, str(tmp_path / 'resumed'))
-  monkeypatch.undo()
-  capsys.readouterr()
-  resumed = launch.train_and_evaluate(config, str(tmp_path / 'resumed'))
+  # Batch 10 is step 11's, after step 8's checkpoint.
+  whole, resumed = crashed_and_resumed(config, tmp_path, monkeypatch, 10)
   assert 'Resuming from step 8 ' in capsys.readouterr().out
   chex.assert_trees_all_close(resumed, whole, rtol=1e-5, atol=1e-6)
 

@@ -14,7 +14,7 @@ import scipy.ndimage
 import scipy.special
 import tensorflow as tf
 
-from tests.conftest import interrupt_at
+from tests.conftest import crashed_and_resumed
 from vit_jax.checkpoints import files
 from vit_jax import losses
 from vit_jax import launch
@@ -445,16 +445,7 @@ def test_a_crash_resumes_to_the_same_state(fmnist_dirs, tmp_path,
   config = _small(dino_fmnist.get_config(), fmnist_dirs)
   config.total_steps, config.checkpoint_every = 8, 4
   config.evals.knn.every = config.evals.fewshot.every = None
-  whole = launch.train_and_evaluate(config, str(tmp_path / 'whole'))
-
-  def crash(batch):  # in step 7, after step 4's checkpoint
-    del batch
-    raise RuntimeError('simulated crash')
-
-  interrupt_at(monkeypatch, 6, crash)
-  with pytest.raises(RuntimeError, match='simulated crash'):
-    launch.train_and_evaluate(config, str(tmp_path / 'resumed'))
-  monkeypatch.undo()
-  resumed = launch.train_and_evaluate(config, str(tmp_path / 'resumed'))
+  # Batch 6 is step 7's, after step 4's checkpoint.
+  whole, resumed = crashed_and_resumed(config, tmp_path, monkeypatch, 6)
   chex.assert_trees_all_close(resumed, whole, rtol=1e-6, atol=1e-7)
   assert not np.allclose(whole['center'], 0)

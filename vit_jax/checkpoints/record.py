@@ -196,8 +196,13 @@ def settings(record: Optional[Mapping[str, Any]], model_name=None, *,
       cli.closest(name, registry.MODEL_CONFIGS, 'model preset'))
 
 
+def recorded_normalization(record) -> Optional[Tuple[tuple, tuple]]:
+  """(mean, std) of a record, if it names both."""
+  if not record or 'mean' not in record or 'std' not in record:
+    return None
+  return tuple(record['mean']), tuple(record['std'])
+
+
 def normalization(record, name: str) -> Tuple[tuple, tuple]:
   """(mean, std) of the record, else the one the preset `name` expects."""
-  if record and 'mean' in record and 'std' in record:
-    return tuple(record['mean']), tuple(record['std'])
-  return registry.input_normalization(name)
+  return recorded_normalization(record) or registry.input_normalization(name)

@@ -167,6 +167,7 @@ def resolve(size: int, recorded: Optional[Mapping[str, Any]] = None,
 # Model configs amended by a record (`checkpoints/record.py`).
 merged = record.merged
 model_overrides = record.model_overrides
+recorded_normalization = record.recorded_normalization
 
 
 def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
@@ -176,11 +177,6 @@ def model_config(preset, recorded: Optional[Mapping[str, Any]] = None):
   return merged(config, (recorded or {}).get('model') or {})
 
 
-def recorded_normalization(recorded) -> Optional[Tuple[tuple, tuple]]:
-  """(mean, std) of a record, if it names both."""
-  if not recorded or 'mean' not in recorded or 'std' not in recorded:
-    return None
-  return tuple(recorded['mean']), tuple(recorded['std'])
 
 
 def preset_settings(name: Optional[str], recorded=None, *,
