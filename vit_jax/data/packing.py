@@ -86,6 +86,38 @@ def grid_of(side: int, aspect, patch: int):
   return np.where(wide, short, long), np.where(wide, long, short)
 
 
+def naflex_grid(height: int, width: int, patch: int, max_patches: int):
+  """SigLIP 2's NaFlex size: the (h, w) patch grid an image of (height,
+  width) pixels is resized to, its aspect ratio kept within a patch, at most
+  `max_patches` patches, at least one per side.
+
+  The largest scale s (within 1e-5) whose sides ceil(side * s / patch)
+  patches fit, found by bisection as transformers' Siglip2ImageProcessor
+  finds it, so that both resize every image to the same grid.
+  """
+  if min(height, width, patch, max_patches) < 1:
+    raise ValueError(f'naflex_grid needs positive sizes, got image {height}x'
+                     f'{width}, patch {patch}, max_patches {max_patches}.')
+
+  def grid(scale):
+    return tuple(max(1, int(np.ceil(side * scale / patch)))
+                 for side in (height, width))
+
+  low, high = 1e-6, 100.
+  while high - low >= 1e-5:
+    mid = (low + high) / 2
+    h, w = grid(mid)
+    low, high = (mid, high) if h * w <= max_patches else (low, mid)
+  return grid(low)
+
+
+def naflex_example(image, label: int, patch: int, max_patches: int, *,
+                   mean=None, std=None) -> dict:
+  """An image (uint8) as the tokens of its `naflex_grid`, aspect kept."""
+  grid = naflex_grid(*image.shape[:2], patch, max_patches)
+  return example(image, label, *grid, patch, mean=mean, std=std)
+
+
 def num_kept(num_tokens, rate):
   """Tokens an image keeps at drop `rate`: floor(n (1 - rate)), at least 1."""
   kept = np.floor(np.asarray(num_tokens) * (1 - np.asarray(rate)) + 1e-9)
