@@ -179,6 +179,52 @@ def test_interp2d_matches_torch_bicubic_reference():
   np.testing.assert_array_equal(same[0], table.reshape(35, 3))
 
 
+def _bilinear_aa_matrix(size, source):
+  """(size, source) matrix of torch's `interpolate(mode='bilinear',
+  antialias=True, align_corners=False)` along one axis, as its
+  `_compute_weights_aa` builds it: a triangle of half-width max(scale, 1)
+  about each output's centre, over the taps [xmin, xmax), normalized."""
+  scale = source / size
+  support = max(scale, 1.)
+  out = np.zeros((size, source))
+  for i in range(size):
+    centre = scale * (i + 0.5)
+    xmin = max(int(centre - support + 0.5), 0)
+    xmax = min(int(centre + support + 0.5), source)
+    for j in range(xmin, xmax):
+      out[i, j] = max(0., 1. - abs((j - centre + 0.5) / support))
+    out[i] /= out[i].sum()
+  return out
+
+
+def test_learn_resized_matches_torch_bilinear_antialias():
+  table = np.random.default_rng(3).normal(size=(6, 6, 3)).astype(np.float32)
+  grids = [(3, 2), (8, 11), (6, 6), (1, 1), (13, 4), (2, 17)]
+  out = jax.jit(vit_posemb.resized_posemb)(table, *_positions(grids))[0]
+  start = 0
+  for h, w in grids:
+    expected = np.einsum('ih,jw,hwd->ijd', _bilinear_aa_matrix(h, 6),
+                         _bilinear_aa_matrix(w, 6), table).reshape(h * w, 3)
+    np.testing.assert_allclose(out[start:start + h * w], expected,
+                               rtol=1e-5, atol=1e-5)
+    start += h * w
+
+
+def test_learn_resized_padded_equals_vit_on_the_image():
+  """SigLIP 2's NaFlex tower two ways: a padded sequence of one image
+  (NaViT) and the image itself (a ViT with `posemb_grid`), one checkpoint."""
+  image, _ = _images()[0]  # 3 x 5 patches
+  navit = _navit('learn_resized', 'map')
+  params = _params(navit, _pack([[(image, None)]], tokens=20))
+  vit = models_vit.VisionTransformer(
+      num_classes=3, patches={'size': (PATCH, PATCH)}, hidden_size=16,
+      transformer=navit.transformer, classifier='map', posemb_grid=(6, 6))
+  dense = vit.apply({'params': params}, image[None], train=False)
+  padded = _apply(navit, params, _pack([[(image, None)]], tokens=20))
+  np.testing.assert_allclose(padded[0, 0], dense[0], rtol=1e-5, atol=1e-5)
+  assert np.abs(dense).max() > 1e-2
+
+
 def _rope_reference(x, rows, cols, theta=10_000.):
   """x (tokens, heads, d) rotated: pairs (x[2j], x[2j+1]) as complex
   numbers times exp(i angle_j); angle 2k = col f_k, 2k+1 = row f_k."""

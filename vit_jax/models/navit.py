@@ -26,7 +26,8 @@ import numpy as np
 from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
 
-POSEMBS = ('factorized', 'factorized_frac', 'interp2d', 'rope2d')
+POSEMBS = ('factorized', 'factorized_frac', 'interp2d', 'learn_resized',
+           'rope2d')
 POOLS = ('map', 'gap')
 POSITION_KEYS = ('rows', 'cols', 'heights', 'widths')
 BATCH_KEYS = ('patches', 'segment_ids') + POSITION_KEYS
@@ -185,13 +186,37 @@ class FactorizedPosEmb(nn.Module):
                                         fractional=self.fractional)
 
 
+class ResizedPosEmb(nn.Module):
+  """The ViT's learned table `pos_embedding`, (1, G * G, D) for a G x G
+  grid, resized bilinearly to each token's image grid
+  (`posemb.resized_posemb`): SigLIP 2's NaFlex tower. The same parameter
+  makes a `VisionTransformer` with `posemb_grid=(G, G)`, which resizes it
+  as `jax.image.resize` does, so one checkpoint serves both.
+
+  A stored table keeps its (square) size, whatever `grid`.
+  """
+  grid: int
+  posemb_init: Any = nn.initializers.normal(stddev=0.02)
+
+  @nn.compact
+  def __call__(self, positions, width):
+    side = self.grid
+    if self.has_variable('params', 'pos_embedding'):
+      stored = self.get_variable('params', 'pos_embedding').shape[1]
+      side = int(round(np.sqrt(stored)))
+    table = self.param('pos_embedding', self.posemb_init,
+                       (1, side * side, width))
+    return posemb.resized_posemb(table.reshape(side, side, width), *positions)
+
+
 class PackedEncoder(models_vit.Encoder):
   """The ViT's `Encoder` on packed sequences: position embedding from each
   token's place (`posemb` one of POSEMBS), blocks attending within each
   token's segment, final LayerNorm `encoder_norm`.
 
   Attributes (besides `Encoder`'s):
-    max_grid: length of the factorized tables; side of the 'interp2d' grid.
+    max_grid: length of the factorized tables; side of the 'interp2d' and
+      'learn_resized' grids.
   """
   max_grid: int = 64
 
@@ -205,6 +230,9 @@ class PackedEncoder(models_vit.Encoder):
       rope = models_vit.rope2d_angles(
           positions[0], positions[1],
           models_vit.rope_head_dim(x.shape[-1], self.num_heads))
+    elif self.posemb == 'learn_resized':
+      x = x + ResizedPosEmb(self.max_grid, name='posembed_input')(
+          positions, x.shape[-1]).astype(x.dtype)
     elif self.posemb == 'interp2d':
       x = x + models_vit.Interp2DPosEmb(name='posembed_input')(
           positions, (self.max_grid, self.max_grid, x.shape[-1])
@@ -231,7 +259,9 @@ class NaViT(nn.Module):
     posemb: one of POSEMBS: 'factorized' (NaViT's row and column tables,
       absolute coordinates), 'factorized_frac' (the same at fractional
       coordinates floor(row / height * max_grid)), 'interp2d' (MoonViT's
-      learned max_grid x max_grid grid, interpolated to each image's) or
+      learned max_grid x max_grid grid, interpolated to each image's),
+      'learn_resized' (SigLIP 2's NaFlex: the ViT's learned table of a
+      max_grid x max_grid grid, resized bilinearly to each image's grid) or
       'rope2d' (2-D RoPE in every block, no parameters).
     max_grid: see `PackedEncoder`.
     pool: 'map' (a MAP probe per image, attending to its tokens) or 'gap'

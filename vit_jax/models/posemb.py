@@ -7,6 +7,7 @@ packed sequences (`navit`) use them too."""
 from typing import Callable, Tuple
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -159,6 +160,30 @@ def interp2d_posemb(table, rows, cols, heights, widths):
   weights = (wy[..., :, None] * wx[..., None, :])[..., None]
   # A sum, not a matmul: float32 even where matmuls default to less.
   return jnp.sum(entries * weights.astype(table.dtype), axis=(-3, -2))
+
+
+def _bilinear_weights(index, size, source):
+  """`jax.image.resize`'s bilinear resampling of `source` entries to `size`
+  (antialiased when shrinking, as torch's `interpolate(mode='bilinear',
+  antialias=True)`), one axis, for output entries `index`: dense weights
+  (..., source), so that `size` may differ from token to token."""
+  scale = source / jnp.maximum(size, 1).astype(jnp.float32)
+  centre = (index + 0.5) * scale  # in source units
+  width = jnp.maximum(scale, 1.)[..., None]  # the triangle widens to shrink
+  weights = jnp.maximum(
+      0., 1. - jnp.abs(np.arange(source) + 0.5 - centre[..., None]) / width)
+  return weights / jnp.sum(weights, axis=-1, keepdims=True)
+
+
+def resized_posemb(table, rows, cols, heights, widths):
+  """SigLIP 2's NaFlex embedding of each token, (..., D): the learned grid
+  `table` (H0, W0, D) resized bilinearly to the token's image grid (height,
+  width) (`_bilinear_weights`), at (row, column); what `jax.image.resize`
+  of the whole grid gives, one token at a time."""
+  wy = _bilinear_weights(rows, heights, table.shape[0])
+  wx = _bilinear_weights(cols, widths, table.shape[1])
+  return jnp.einsum('...h,...w,hwd->...d', wy, wx, table.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
 
 
 def rope2d_angles(rows, cols, head_dim, theta=ROPE_THETA):
