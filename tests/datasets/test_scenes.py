@@ -155,7 +155,7 @@ def test_builder_prepares_offline(fmnist_dirs, tmp_path):
   assert builder.info.splits['train'].num_examples == 12
   assert builder.info.splits['test'].num_examples == 5
   assert builder.info.features['segmentation_mask'].num_classes == 11
-  assert str(builder.info.version) == '1.1.0'
+  assert str(builder.info.version) == '1.2.0'
   images = local_datasets._read_idx(f'{manual}/t10k-images-idx3-ubyte.gz')
   labels = local_datasets._read_idx(f'{manual}/t10k-labels-idx1-ubyte.gz')
   # Scene i of the test split is drawn from the rng seeded [SEED, 1, i].

@@ -95,11 +95,14 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
                         tfds.core.GeneratorBasedBuilder):
   """Segmentation scenes of Fashion-MNIST items (see `scenes`), captioned."""
 
-  VERSION = tfds.core.Version('1.1.0')
+  VERSION = tfds.core.Version('1.2.0')
   RELEASE_NOTES = {
       '1.0.0': 'Images and segmentation masks.',
       '1.1.0': 'A caption per scene (`scenes.caption` of its mask); images '
                'and masks as in 1.0.0.',
+      '1.2.0': 'Objects: each item that shows, its class, box and a '
+               'referring phrase (`scenes.objects`); images, masks and '
+               'captions as in 1.1.0.',
   }
   MANUAL_DOWNLOAD_INSTRUCTIONS = _FASHION_MNIST_INSTRUCTIONS
   NUM_TRAIN = 4096
@@ -127,7 +130,11 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
             'caption names the classes with at least '
             f'{scenes.MIN_CAPTION_PIXELS} pixels of the mask, left to right '
             'by their mean x ("a bag to the left of an ankle boot", or '
-            '"nothing"). Scene i of split s is drawn from '
+            '"nothing"). The objects are the items with at least '
+            f'{scenes.MIN_CAPTION_PIXELS} pixels of their own, left to '
+            'right: class, box ([ymin, xmin, ymax, xmax] of their pixels, '
+            'normalized) and a phrase unique in the scene ("the bag", '
+            '"the shirt on the left"). Scene i of split s is drawn from '
             f'np.random.default_rng([{self.SEED}, s, i]), s = 0 for train, '
             '1 for test; vit_jax/data/scenes.py has the recipe.'),
         features=tfds.features.FeaturesDict({
@@ -136,15 +143,27 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
                 labels=['background', *FashionMnistLocal.CLASSES],
                 shape=shape),
             'caption': tfds.features.Text(),
+            'objects': tfds.features.Sequence({
+                'label': tfds.features.ClassLabel(
+                    names=FashionMnistLocal.CLASSES),
+                'bbox': tfds.features.BBoxFeature(),
+                'phrase': tfds.features.Text(),
+            }),
         }),
     )
 
   def _example(self, rng, images, labels):
-    image, mask = scenes.make_scene(
+    image, mask, instances = scenes.draw_scene(
         rng, images, labels, size=self.SIZE, items=self.ITEMS,
         item_sizes=self.ITEM_SIZES)
+    found = scenes.objects(mask, instances)
     return {'image': image, 'segmentation_mask': mask,
-            'caption': scenes.caption(mask, scenes.CAPTION_NAMES)}
+            'caption': scenes.caption(mask, scenes.CAPTION_NAMES),
+            'objects': {
+                'label': [o['label'] for o in found],
+                'bbox': np.array([o['bbox'] for o in found],
+                                 np.float32).reshape(-1, 4),
+                'phrase': [o['phrase'] for o in found]}}
 
 
 class MovingFashionMnistConfig(tfds.core.BuilderConfig):

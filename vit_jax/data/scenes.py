@@ -27,6 +27,9 @@ the generator in the order written here, for each item in turn.
 
 `caption` describes a scene from its mask alone ("a bag to the left of an
 ankle boot"), so it draws nothing and leaves the scenes as they are.
+`draw_scene` also returns the scene's instance map (which item each pixel
+shows), from the same draws; `objects` makes of it each item's box and a
+referring phrase ("the bag", "the shirt on the left"), unique in the scene.
 """
 
 import numpy as np
@@ -60,16 +63,28 @@ def make_scene(rng: np.random.Generator, images, labels, *, size=56,
     (image, mask), both (size, size, 1) uint8; the mask holds class + 1 where
     an item shows, 0 elsewhere.
   """
+  image, mask, _ = draw_scene(rng, images, labels, size=size, items=items,
+                              item_sizes=item_sizes)
+  return image, mask
+
+
+def draw_scene(rng: np.random.Generator, images, labels, *, size=56,
+               items=(2, 4), item_sizes=(16, 36)):
+  """`make_scene`'s (image, mask), the same draws, and the instance map:
+  (size, size, 1) uint8, k where the k-th item drawn (from 1) shows, 0 on
+  the ground."""
   image = _ground(rng, size)
   mask = np.zeros((size, size), np.uint8)
+  instances = np.zeros((size, size), np.uint8)
   count = rng.integers(items[0], items[1] + 1)
-  for i in rng.choice(len(images), count, replace=False):
+  for k, i in enumerate(rng.choice(len(images), count, replace=False), 1):
     side = int(rng.integers(item_sizes[0], item_sizes[1] + 1))
     top, left = rng.integers(0, size, 2) - side // 2
     item = Image.fromarray(np.asarray(images[i], np.uint8))
     item = np.asarray(item.resize((side, side), Image.BILINEAR))
-    _paste(image, mask, item, int(labels[i]) + 1, top, left)
-  return image[..., None], mask[..., None]
+    footprint = _paste(image, mask, item, int(labels[i]) + 1, top, left)
+    instances[footprint] = k
+  return image[..., None], mask[..., None], instances[..., None]
 
 
 def caption(mask, names=CAPTION_NAMES, min_pixels=MIN_CAPTION_PIXELS) -> str:
@@ -103,13 +118,77 @@ def caption(mask, names=CAPTION_NAMES, min_pixels=MIN_CAPTION_PIXELS) -> str:
                                  for c in left_to_right)
 
 
+# Where an item lies among others of its class, along the axis on which
+# their centres spread most: two, three, or (more) an ordinal.
+_PLACES = {
+    2: (('on the left', 'on the right'), ('at the top', 'at the bottom')),
+    3: (('on the left', 'in the middle', 'on the right'),
+        ('at the top', 'in the middle', 'at the bottom')),
+}
+_ORDINALS = ('first', 'second', 'third', 'fourth', 'fifth', 'sixth')
+
+
+def objects(mask, instances, names=CAPTION_NAMES,
+            min_pixels=MIN_CAPTION_PIXELS):
+  """The items that show, left to right (by the mean x of their pixels), as
+  dicts `label` (class), `bbox` and `phrase`.
+
+  An item shows if at least `min_pixels` of the instance map are its own.
+  `bbox`: float32 [ymin, xmin, ymax, xmax] of its pixels, normalized by the
+  scene's sides (tfds' BBox: ymax = (last row + 1) / height). `phrase`
+  names it uniquely in the scene: "the bag" if no other item of its class
+  shows; else its place among them along the axis (x or y) on which their
+  centres spread most ("the shirt on the left", "the coat at the top",
+  "the bag in the middle", "the second sandal from the left").
+
+  Args:
+    mask: (H, W, 1) class + 1 where an item shows (`make_scene`'s).
+    instances: (H, W, 1) the item's number where it shows (`draw_scene`'s).
+    names: a name per class.
+    min_pixels: the fewest pixels of an item that show.
+  """
+  classes, ids = np.asarray(mask)[..., 0], np.asarray(instances)[..., 0]
+  height, width = ids.shape
+  found = []
+  for k in np.unique(ids[ids > 0]):
+    ys, xs = np.nonzero(ids == k)
+    if len(ys) < max(min_pixels, 1):
+      continue
+    found.append({
+        'label': int(classes[ys[0], xs[0]]) - 1,
+        'bbox': np.array([ys.min() / height, xs.min() / width,
+                          (ys.max() + 1) / height, (xs.max() + 1) / width],
+                         np.float32),
+        'centre': (ys.mean(), xs.mean())})
+  found.sort(key=lambda o: o['centre'][1])  # stable: ties by item number
+  for label in {o['label'] for o in found}:
+    same = [o for o in found if o['label'] == label]
+    name = names[label]
+    if len(same) == 1:
+      same[0]['phrase'] = f'the {name}'
+      continue
+    centres = np.array([o['centre'] for o in same])
+    spread = centres.max(0) - centres.min(0)
+    axis = 1 if spread[1] >= spread[0] else 0
+    order = np.argsort(centres[:, axis], kind='stable')
+    for rank, i in enumerate(order):
+      if len(same) in _PLACES:
+        place = _PLACES[len(same)][1 - axis][rank]
+        same[i]['phrase'] = f'the {name} {place}'
+      else:
+        side = 'left' if axis else 'top'
+        same[i]['phrase'] = f'the {_ORDINALS[rank]} {name} from the {side}'
+  return [{k: o[k] for k in ('label', 'bbox', 'phrase')} for o in found]
+
+
 def _with_article(name):
   """'an' before a vowel (enough for these names), 'a' otherwise."""
   return f'{"an" if name[0] in "aeiou" else "a"} {name}'
 
 
 def _paste(image, mask, item, label, top, left):
-  """Writes `item`'s footprint into `image` and `mask` at (top, left)."""
+  """Writes `item`'s footprint into `image` and `mask` at (top, left);
+  returns it as a (size, size) boolean map."""
   size = image.shape[0]
   y0, x0 = max(top, 0), max(left, 0)
   y1, x1 = min(top + item.shape[0], size), min(left + item.shape[1], size)
@@ -117,6 +196,9 @@ def _paste(image, mask, item, label, top, left):
   footprint = piece > FOOTPRINT_THRESHOLD
   image[y0:y1, x0:x1][footprint] = piece[footprint]
   mask[y0:y1, x0:x1][footprint] = label
+  where = np.zeros(image.shape, bool)
+  where[y0:y1, x0:x1] = footprint
+  return where
 
 
 def _ground(rng, size):
