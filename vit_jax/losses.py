@@ -19,7 +19,8 @@ Self-distillation (DINO, Caron et al., 2021; iBOT; DINOv2), on scores over
 K prototypes: the teacher's scores become targets, sharpened by a low
 temperature and centred (`centered_softmax`, or DINOv2's `sinkhorn_knopp`);
 the student's scores at temperature 0.1 are fitted by cross-entropy
-between different views (`dino_loss`) or at masked patches (`ibot_loss`);
+between different views (`dino_loss`), from local views to the global one
+(`silc_loss`) or at masked patches (`ibot_loss`);
 `koleo_loss` spreads features apart.
 """
 
@@ -161,6 +162,15 @@ def dino_loss(student, teacher, temperature):
   t, v = ce.shape
   pairs = 1. - jnp.eye(t, v)
   return jnp.sum(ce * pairs) / jnp.sum(pairs)
+
+
+def silc_loss(student, teacher, temperature):
+  """SILC's local-to-global loss: the mean over local views v and images b
+  of -sum_k p_bk log softmax(s_vb / temperature)_k. `student` (V, B, K):
+  the local views' scores; `teacher` (B, K): target distributions of the
+  global view."""
+  log_p = jax.nn.log_softmax(student / temperature, axis=-1)
+  return -jnp.mean(jnp.sum(teacher[None] * log_p, -1))
 
 
 def ibot_loss(student, teacher, weight, temperature):

@@ -49,12 +49,15 @@ class HeadMismatch(ValueError):
   """The model's head does not classify the evaluator's data."""
 
 
-def split_data(config, dataset, split):
+def split_data(config, dataset, split, label=None):
   """(DatasetInfo, config) reading `split` of `dataset` (default: the run's)
-  as the test split, checked now."""
+  as the test split, checked now; `label`: its `pp.label` (default the
+  run's; '' for another dataset's feature 'label')."""
   data = config.copy_and_resolve_references().unlock()
   data.dataset = dataset or config.dataset
   data.pp.train = data.pp.test = split or config.pp.test
+  if label is not None:
+    data.pp.label = label
   return (pipeline.dataset_info(pipeline.get_builder(data),
                                           data), data)
 

@@ -78,7 +78,8 @@ def class_names(settings, info, dataset):
 @registry.register('zeroshot')
 class Evaluator(common.Evaluator):
   """`type='zeroshot'`: settings `dataset` and `split` (default: the run's
-  dataset and `pp.test`), `class_names` (default: the dataset's),
+  dataset and `pp.test`), `label` (its `pp.label`, default the run's),
+  `class_names` (default: the dataset's),
   `templates`; metrics `zeroshot_accuracy` and `count`. Compiles once for
   every evaluation of a run."""
 
@@ -88,7 +89,8 @@ class Evaluator(common.Evaluator):
     self.templates = tuple(settings.get('templates') or DEFAULT_TEMPLATES)
     check_templates(self.templates)
     self.info, self.data = common.split_data(
-        config, settings.get('dataset'), settings.get('split'))
+        config, settings.get('dataset'), settings.get('split'),
+        settings.get('label'))
     self.names = class_names(settings, self.info, self.data.dataset)
     self.model, self.mesh, self.tokenizer = model, mesh, tokenizer
     self.embed = text_embedder(model)

@@ -287,10 +287,11 @@ class NaViT(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, batch, *, train):
+  def __call__(self, batch, *, train, with_tokens=False):
     """Logits (B, max_images, num_classes) of the packed `batch`, image k at
     index k - 1 (0 where a sequence has no image k); features (B,
-    max_images, D) without a head."""
+    max_images, D) without a head. `with_tokens`: the pair (that, the
+    encoded tokens (B, N, D) after the final norm), e.g. for a decoder."""
     self._check(batch)
     dtype = jnp.dtype(self.dtype)
     seg = jnp.asarray(batch['segment_ids'])
@@ -304,11 +305,12 @@ class NaViT(nn.Module):
       return PatchMerger(self.merge_dim or self.hidden_size, dtype=dtype,
                          name='patch_merger')(x, seg, *positions[:2])
     onehot = segment_onehot(seg, self.max_images)
-    x = self._pool(x, onehot, dtype)
+    tokens, x = x, self._pool(x, onehot, dtype)
     if self.num_classes:
       x = nn.Dense(self.num_classes, name='head', dtype=jnp.float32,
                    kernel_init=nn.initializers.zeros)(x)
-    return jnp.where(jnp.any(onehot, axis=1)[..., None], x, 0.)
+    out = jnp.where(jnp.any(onehot, axis=1)[..., None], x, 0.)
+    return (out, tokens) if with_tokens else out
 
   def _pool(self, x, onehot, dtype):
     """(B, max_images, D): each image's tokens pooled."""
