@@ -1,0 +1,39 @@
+"""What the SigLIP 2 recipe's test files share: tiny scenes prepared once
+per file, and configs/siglip2_scenes.py's arms made tiny."""
+
+import pytest
+
+from vit_jax.configs import siglip2_scenes
+from vit_jax.data import local_datasets
+from vit_jax.data import pipeline
+
+
+def small_config(arm, dirs, **siglip2):
+  """An arm of configs/siglip2_scenes.py: testing widths, a few steps."""
+  config = siglip2_scenes.get_config(arm).unlock()
+  config.tfds_manual_dir, config.tfds_data_dir = dirs
+  config.total_steps, config.warmup_steps = 4, 1
+  config.batch, config.batch_eval, config.shuffle_buffer = 8, 8, 100
+  config.progress_every, config.checkpoint_every = 1, 0
+  config.model.image.hidden_size = 16
+  config.model.image.transformer.update(num_layers=1, mlp_dim=32,
+                                        num_heads=2)
+  config.model.text.update(width=16, num_layers=1, mlp_dim=32, num_heads=2,
+                           vocab_size=64)
+  config.model.out_dim = 16
+  s = config.siglip2
+  s.decoder.update(width=16, num_layers=1, num_heads=2, mlp_dim=32)
+  s.head.update(num_prototypes=32, hidden_dim=32, bottleneck_dim=8)
+  s.crops.num_local = 2
+  s.update(siglip2)
+  return config
+
+
+def prepare(tmp_path_factory, fmnist_dirs):
+  """(manual dir, a tfds dir with 24 train and 10 test scenes)."""
+  dirs = (fmnist_dirs[0], str(tmp_path_factory.mktemp('siglip2_tfds')))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
+    patch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
+    pipeline.get_builder(small_config('siglip', dirs))
+  return dirs
