@@ -133,33 +133,61 @@ def _start(config, workdir):
   return task, state, batch, step
 
 
+def _outputs(model, p, teacher, batch, mask, inputs, parallel):
+  """The model's outputs that the terms are made of (one jitted call)."""
+  apply = lambda params, *a, **kw: model.apply({'params': params}, *a, **kw)
+  pooled, tokens = apply(p, batch['image'], method='image_features')
+  t_pooled, t_tokens = apply(teacher, batch['global'][:, 0],
+                             method='image_features')
+  local = dino.crop_major(batch['local'])
+  _, s_tokens = apply(p, batch['global'][:, 0], mask=mask,
+                      method='image_features')
+  return {
+      'x': apply(p, pooled, method='embed_image'),
+      'y': apply(p, batch['tokens'], method='embed_text'),
+      'decoder': apply(p, jnp.concatenate([tokens] * 3), inputs,
+                       parallel=parallel, method='logits'),
+      't_cls': apply(teacher, t_pooled, method='silc_scores'),
+      's_cls': apply(p, apply(p, local, method='image_features')[0],
+                     method='silc_scores'),
+      't_patch': apply(teacher, t_tokens, method='tips_scores'),
+      's_patch': apply(p, s_tokens, method='tips_scores')}
+
+
 def _check_terms(config, task, state, batch, metrics):
   """Each term of the step from `state` (self-distillation on) against
   numpy of the model's outputs, and the loss their weighted sum."""
   s, model, p = config.siglip2, task.model, state.params['student']
-  apply = lambda *a, **kw: model.apply({'params': p}, *a, **kw)
   rng = jax.random.fold_in(jax.random.key(1), state.step)
   rng_parallel, rng_mask, _ = jax.random.split(rng, 3)
+  # The step's draws: captions in parallel, TIPS' masks.
+  parallel = np.asarray(jax.random.uniform(rng_parallel, (8,)) < 0.5)
+  inputs, targets, weights = (np.swapaxes(batch[k], 0, 1).reshape(24, -1)
+                              for k in ('inputs', 'targets', 'weights'))
+  inputs[:8][parallel, 1:] = model.decoder['vocab_size']  # [MASK]
+  grid = posemb.token_grid(model.image, (56, 56))
+  mask = models_dino.random_masks(
+      rng_mask, 8, grid[0] * grid[1], probability=1.,
+      ratio=(s.mask_ratio, s.mask_ratio))[0]
+  assert np.asarray(mask).sum() == 0.5 * 64 * 8  # half of each image's
+  # The teacher is the student at the switch.
+  chex.assert_trees_all_equal(state.params['teacher'],
+                              {k: p[k] for k in siglip2.TEACHER_KEYS})
+  out = jax.tree.map(np.asarray, jax.jit(
+      lambda *a: _outputs(model, *a))(
+          p, {**p, **state.params['teacher']}, batch, mask,
+          jnp.asarray(inputs),
+          jnp.concatenate([parallel, np.zeros(16, bool)])))
 
   # Sigmoid: -sum_ij log sigmoid(z_ij (t x_i . y_j + b)) / n.
-  pooled, tokens = apply(batch['image'], method='image_features')
-  x = np.asarray(apply(pooled, method='embed_image'), np.float64)
-  y = np.asarray(apply(batch['tokens'], method='embed_text'), np.float64)
+  x, y = out['x'].astype(np.float64), out['y'].astype(np.float64)
   logits = np.exp(p['t'][0]) * x @ y.T + p['b'][0]
   labels = 2 * np.eye(8) - 1
   sigmoid = np.sum(np.log1p(np.exp(-labels * logits))) / 8
   np.testing.assert_allclose(metrics['sigmoid_loss'], sigmoid, rtol=1e-4)
 
-  # The decoder: three tasks, the caption in parallel for drawn rows.
-  parallel = np.asarray(jax.random.uniform(rng_parallel, (8,)) < 0.5)
-  inputs, targets, weights = (np.swapaxes(batch[k], 0, 1).reshape(24, -1)
-                              for k in ('inputs', 'targets', 'weights'))
-  mask_id = model.decoder['vocab_size']
-  inputs[:8][parallel, 1:] = mask_id
-  rows_parallel = np.concatenate([parallel, np.zeros(16, bool)])
-  dec_logits = apply(jnp.concatenate([tokens] * 3), jnp.asarray(inputs),
-                     parallel=jnp.asarray(rows_parallel), method='logits')
-  nll = -np.take_along_axis(_log_softmax(dec_logits), targets[..., None],
+  # The decoder: each task's weighted token cross-entropy, their mean.
+  nll = -np.take_along_axis(_log_softmax(out['decoder']), targets[..., None],
                             -1)[..., 0]
   per_task = [np.sum(nll[r] * weights[r]) / np.sum(weights[r])
               for r in (slice(0, 8), slice(8, 16), slice(16, 24))
@@ -170,37 +198,16 @@ def _check_terms(config, task, state, batch, metrics):
   assert ((targets[8:16] >= vocab + 3) & (weights[8:16] > 0)).sum(1).max() \
       == 4  # a ref row scores its box's 4 tokens
 
-  # SILC and TIPS; the teacher is the student at the switch.
-  chex.assert_trees_all_equal(state.params['teacher'],
-                              {k: p[k] for k in siglip2.TEACHER_KEYS})
-  teacher = {**p, **state.params['teacher']}
-  grid = posemb.token_grid(model.image, (56, 56))
-  mask, masked, _ = models_dino.random_masks(
-      rng_mask, 8, grid[0] * grid[1], probability=1.,
-      ratio=(s.mask_ratio, s.mask_ratio))
-  t_pooled, t_tokens = model.apply({'params': teacher}, batch['global'][:, 0],
-                                   method='image_features')
-  t_cls = model.apply({'params': teacher}, t_pooled, method='silc_scores')
-  local = dino.crop_major(batch['local'])
-  s_cls = apply(apply(local, method='image_features')[0],
-                method='silc_scores').reshape(2, 8, -1)
-  np.testing.assert_allclose(
-      metrics['silc_loss'], _numpy_silc(s_cls, t_cls, 0., s.teacher_temp,
-                                        s.student_temp), rtol=1e-4)
-  _, s_tokens = apply(batch['global'][:, 0], mask=mask,
-                      method='image_features')
-  s_patch = apply(s_tokens, method='tips_scores')
-  t_patch = model.apply({'params': teacher}, t_tokens, method='tips_scores')
-  tips = _numpy_tips(s_patch, t_patch, 0., np.asarray(mask), s.teacher_temp,
-                     s.student_temp)
+  # SILC: 2 local views against the global one; TIPS at the masked patches.
+  silc = _numpy_silc(out['s_cls'].reshape(2, 8, -1), out['t_cls'], 0.,
+                     s.teacher_temp, s.student_temp)
+  np.testing.assert_allclose(metrics['silc_loss'], silc, rtol=1e-4)
+  tips = _numpy_tips(out['s_patch'], out['t_patch'], 0., np.asarray(mask),
+                     s.teacher_temp, s.student_temp)
   np.testing.assert_allclose(metrics['tips_loss'], tips, rtol=1e-4)
-  assert 0.5 * 64 * 8 == np.asarray(mask).sum()  # half of each image's
   np.testing.assert_allclose(
       metrics['loss'], sigmoid + np.mean(per_task) + s.ssl_factor * (
-          s.silc_weight * metrics['silc_loss'] + s.tips_weight * tips),
-      rtol=1e-4)
-  del masked
-
+          s.silc_weight * silc + s.tips_weight * tips), rtol=1e-4)
 
 
 def test_self_distillation_switches_on_at_its_step(dirs, tmp_path):
