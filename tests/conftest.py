@@ -144,10 +144,12 @@ def interrupt_at(monkeypatch, batch_index, action, stream=pipeline):
   monkeypatch.setattr(stream, 'train_iterator', wrapped)
 
 
-def crashed_and_resumed(config, root, monkeypatch, batch_index):
+def crashed_and_resumed(config, root, monkeypatch, batch_index,
+                        stream=pipeline):
   """(the final parameters of `config` run uninterrupted in `root/whole`,
-  those of a run in `root/resumed` that crashed when its stream handed out
-  batch `batch_index`, then ran again)."""
+  those of a run in `root/resumed` that crashed when its stream
+  (`stream.train_iterator`, as `interrupt_at`'s) handed out batch
+  `batch_index`, then ran again)."""
   from vit_jax import launch  # pylint: disable=g-import-not-at-top
   whole = launch.train_and_evaluate(config, str(root / 'whole'))
 
@@ -155,7 +157,7 @@ def crashed_and_resumed(config, root, monkeypatch, batch_index):
     del batch
     raise RuntimeError('simulated crash')
 
-  interrupt_at(monkeypatch, batch_index, crash)
+  interrupt_at(monkeypatch, batch_index, crash, stream)
   with pytest.raises(RuntimeError, match='simulated crash'):
     launch.train_and_evaluate(config, str(root / 'resumed'))
   monkeypatch.undo()

@@ -1,0 +1,54 @@
+"""SigLIP 2's recipe end to end: configs/siglip2_scenes.py's three arms run
+and write their metrics; NaFlex's batches change length by step
+(tests/tasks/test_siglip2_resume.py: devices and resume)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.tasks import siglip2_common
+from vit_jax import launch
+from vit_jax.checkpoints import files
+from vit_jax.configs import siglip2_scenes
+from vit_jax.data import locca
+
+
+@pytest.fixture(scope='module')
+def dirs(tmp_path_factory, fmnist_dirs):
+  return siglip2_common.prepare(tmp_path_factory, fmnist_dirs)
+
+
+def test_the_arms_write_their_metrics(dirs, tmp_path):
+  for arm in siglip2_scenes.ARMS:
+    config = siglip2_common.small_config(arm, dirs)
+    config.total_steps = 2
+    launch.train_and_evaluate(config, str(tmp_path / arm))
+    results = json.loads((tmp_path / arm / 'results.json').read_text())
+    assert 0 <= results['zeroshot_accuracy'] <= 1 and results['count'] == 37
+    if arm == 'siglip':
+      assert 'cider_d' not in results
+      continue
+    for key in ('exact_match', 'token_f1', 'cider_d', 'ref_box_accuracy',
+                'ref_box_iou', 'grounded_exact_match'):
+      assert 0 <= results[key] <= (1 if key != 'cider_d' else 10), key
+    assert results['scenes'] == 10 and results['objects'] > 10
+    exported = files.load(str(tmp_path / arm / f'{config.model_name}.npz'))
+    assert {'img', 'txt', 't', 'b', 'text_decoder'} <= set(exported)
+    assert (tmp_path / arm / f'{config.model_name}.vocab.model').exists()
+
+
+def test_naflex_batches_take_the_steps_budget(dirs, tmp_path):
+  config = siglip2_common.small_config('siglip2_naflex', dirs)
+  task = launch.make_task(config, str(tmp_path))
+  budgets = config.siglip2.naflex_budgets
+  batches = task.batches(batch_size=8, rows=None, start_step=5)
+  seen = set()
+  for step, batch in zip(range(5, 11), batches):
+    n = locca.naflex_budget(config.seed, step, budgets)
+    side = int(np.sqrt(n))  # square scenes: the whole n-patch grid
+    assert batch['patches'].shape == (8, n, 7 * 7 * 3)
+    assert (batch['heights'] == side).all() and (batch['segment_ids'] == 1
+                                                 ).all()
+    seen.add(n)
+  assert len(seen) > 1
