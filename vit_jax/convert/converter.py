@@ -485,23 +485,24 @@ def _record(dst: str, source: Source) -> None:
           '(transform.model_config).', file=sys.stderr)
 
 
-# A two-tower folder's tokenizer files (CLIP's, SigLIP's).
-_VOCABULARIES = ('tokenizer.json', 'spiece.model')
+# A two-tower folder's tokenizer file, by the tokenizer its preset reads
+# (`pp.tokenizer_name`): CLIP's, SigLIP's, SigLIP 2's (Gemma's).
+_VOCABULARIES = {'clip': 'tokenizer.json', 'siglip': 'spiece.model',
+                 'gemma': 'tokenizer.model'}
 
 
-def _copy_vocabulary(src: str, dst: str) -> None:
+def _copy_vocabulary(src: str, dst: str, tokenizer_name: str) -> None:
   """The tokenizer of a two-tower folder, beside `dst` as NAME.FILE, and
   named in the record (`vocab`), which the zero-shot evaluator reads."""
   folder = src if os.path.isdir(src) else os.path.dirname(src)
-  found = [n for n in _VOCABULARIES if os.path.exists(os.path.join(folder, n))]
-  if not found:
-    print(f'Note: {folder} holds no tokenizer ({", ".join(_VOCABULARIES)}): '
-          'set config.lit.vocab_path for text.', file=sys.stderr)
+  name = _VOCABULARIES.get(tokenizer_name)
+  if name is None or not os.path.exists(os.path.join(folder, name)):
+    print(f'Note: {folder} holds no {name or tokenizer_name} tokenizer: set '
+          'config.lit.vocab_path for text.', file=sys.stderr)
     return
-  shutil.copyfile(os.path.join(folder, found[0]),
-                  transform.beside(dst, found[0]))
+  shutil.copyfile(os.path.join(folder, name), transform.beside(dst, name))
   record = transform.load_transform(dst)
-  transform.save_transform(dst, dict(record, vocab=found[0]))
+  transform.save_transform(dst, dict(record, vocab=name))
 
 
 def _check_destination(src: str, dst: str) -> None:
@@ -543,7 +544,8 @@ def convert(src: str, dst: str, model_name: str = None,
   files.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
   _record(dst, source)
   if registry.model_class(source.model_name) is lit.LitModel:
-    _copy_vocabulary(src, dst)
+    _copy_vocabulary(src, dst, registry.MODEL_CONFIGS[
+        source.model_name].pp.tokenizer_name)
   return source.model_name
 
 
@@ -586,7 +588,7 @@ def as_npz(src: str, model_name: Optional[str] = None) -> str:
     # The record first, then the .npz by rename: a .npz here is complete.
     partial = f'{dst[:-4]}.partial-{os.getpid()}.npz'
     convert(src, partial, model_name)
-    for name in (*_VOCABULARIES, 'transform.json'):  # what goes beside it
+    for name in (*_VOCABULARIES.values(), 'transform.json'):  # beside it
       if os.path.exists(transform.beside(partial, name)):
         os.replace(transform.beside(partial, name),
                    transform.beside(dst, name))

@@ -100,7 +100,7 @@ def vit_settings(config: Dict[str, Any]) -> Dict[str, Any]:
                       mlp_ratio=2 * _swiglu_hidden(vision) / width)
   elif family == 'clip':
     settings['pre_norm'] = True
-  elif family == 'siglip':
+  elif family in ('siglip', 'siglip2'):
     if not vision.get('vision_use_head', True):
       raise _unsupported(arch, 'vision_use_head', False, 'its pooled output '
                          'is the MAP head')
