@@ -5,6 +5,7 @@ a cache."""
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -266,7 +267,7 @@ def _custom_vit(flat: Flat, settings, overrides) -> Dict[str, Any]:
 # The family of each kind of transformers' image tower.
 _TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
                           'mae': 'MAE', 'clip': 'CLIP', 'siglip': 'SigLIP',
-                          'swin': 'Swin'}
+                          'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin'}
 
 
 def _from_transformers(state: Flat, config, weights: str,
@@ -346,7 +347,9 @@ def _transformers_transform(weights: str, config, family):
     with open(path) as f:
       out = transformers_config.eval_transform(json.load(f))
   else:
-    side = transformers_layout.vision_config(config).get('image_size', 224)
+    vision = transformers_layout.vision_config(config)
+    side = vision.get('image_size') or (  # NaFlex: its table's square image
+        math.isqrt(vision.get('num_patches', 196)) * vision['patch_size'])
     print(f'Note: no preprocessor_config.json beside {weights}: assuming '
           f'{side} x {side} bicubic and the family\'s mean and std.',
           file=sys.stderr)

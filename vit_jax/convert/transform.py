@@ -7,8 +7,9 @@ in `<name>.transform.json`, with timm's `pretrained_cfg` keys:
 {"transformer": {"gelu_approximate": false}}; `model_name`: the preset;
 `posemb_resize`: how the position table is resized, where it is not the
 family's way (`posemb_resize.RESIZE_METHODS`); `vocab`: a two-tower
-model's tokenizer file, beside it. `predict` reads it back by
-default.
+model's tokenizer file, beside it; `max_num_patches`: a NaFlex tower's
+patch budget (SigLIP 2's processor), whose square image `input_size` is.
+`predict` reads it back by default.
 
 `prepare(file, transform)` prepares an image with timm's meaning: PIL decodes
 it to RGB, then resizes and center-crops it as timm's eval transform does on
@@ -37,7 +38,7 @@ from vit_jax.checkpoints import record
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model', 'model_name', 'posemb_resize',
-                  'vocab')
+                  'vocab', 'max_num_patches')
 # A record's keys that say nothing of the image transform.
 MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab')
 
