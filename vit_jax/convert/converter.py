@@ -328,7 +328,8 @@ def _two_towers(state: Flat, config, image: Source,
       out_dim=(image.flat['head/kernel'].shape[-1] if has_head else None,
                extras['out_dim']),
       pp=dict(preset['pp'], max_len=extras['max_len'],
-              size=transformers_layout.vision_config(config)['image_size']),
+              size=transformers_layout.vision_config(config).get(
+                  'image_size') or image.transform['input_size'][-1]),
       bias_init=preset['bias_init'] if extras['b'] is not None else None)
   flat = {**{f'img/{k}': v for k, v in image.flat.items()},
           **{f'txt/{k}': v for k, v in text.items()}, 't': extras['t']}
