@@ -7,6 +7,7 @@ tokens) and transformers' pooled outputs, embeddings and logits."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -154,3 +155,23 @@ def test_written_back_as_siglip2_vision_model(converted, tmp_path):
     assert a.files == b.files
     for key in a.files:
       np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_fixed_size_siglip2_folder_reads_as_siglip2_towers(tmp_path):
+  """A `SiglipModel` folder with Gemma's tokenizer.model (the hub's
+  google/siglip2-base-patch16-224): SigLIP 2's fixed-size towers, its text
+  read by the Gemma tokenizer; the embeddings transformers computed."""
+  folder = tmp_path / 'siglip'
+  shutil.copytree(os.path.join(FOLDERS, 'siglip'), folder)
+  (folder / 'spiece.model').rename(folder / 'tokenizer.model')
+  npz = str(tmp_path / 'siglip.npz')
+  assert convert.convert(str(folder), npz) == 'SigLIP2-testing-towers'
+  assert transform.load_transform(npz)['vocab'] == 'tokenizer.model'
+  m = models.from_pretrained(npz)
+  assert m.model.pp['tokenizer_name'] == 'gemma'
+  golden = np.load(os.path.join(helpers.DATA, 'transformers_golden.npz'))
+  zimg, ztxt, _ = m.model.apply({'params': m.params},
+                                images=golden['images/32'],
+                                tokens=golden['siglip/input_ids'])
+  assert _relative_error(zimg, golden['siglip/image_embeds']) < 1e-5
+  assert _relative_error(ztxt, golden['siglip/text_embeds']) < 1e-5

@@ -297,7 +297,8 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
                   model_name: Optional[str]) -> Source:
   """The image tower of `config`, renamed to timm's (`timm_state`)."""
   kind = transformers_layout.kind(config)
-  family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
+  family = registry.FAMILIES[_fixed_siglip2(weights) if kind == 'siglip'
+                             else _TRANSFORMERS_FAMILIES[kind]]
   transform = _transformers_transform(weights, config, family)
   if kind == 'swin':
     transformers_config.swin_settings(config)  # refuses what it cannot
@@ -307,6 +308,17 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
   source = _from_vit(timm_state, settings, weights, model_name,
                      family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
+
+
+def _fixed_siglip2(weights: str) -> str:
+  """The family of a `SiglipModel` folder: SigLIP 2's fixed-size towers
+  where it holds Gemma's tokenizer (`tokenizer.model`) and not SigLIP's
+  (`spiece.model`), as the hub's google/siglip2-*-224 and its siblings;
+  else SigLIP's."""
+  folder = os.path.dirname(weights)
+  gemma = os.path.exists(os.path.join(folder, _VOCABULARIES['gemma'])) and (
+      not os.path.exists(os.path.join(folder, _VOCABULARIES['siglip'])))
+  return 'SigLIP 2' if gemma else _TRANSFORMERS_FAMILIES['siglip']
 
 
 def _two_towers(state: Flat, config, image: Source,
