@@ -23,6 +23,7 @@ from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import export
 from vit_jax.convert import hub
+from vit_jax.convert import naflex as convert_naflex
 from vit_jax.convert.preset_inference import check_preset
 from vit_jax.convert.preset_inference import differences
 from vit_jax.convert.preset_inference import dims
@@ -63,7 +64,7 @@ def _check_config_dims(settings, flat: Flat, path: str, layout: str) -> None:
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
-  if layout != 'vit':  # Eva's SwiGLU halves are each `hidden` wide
+  if layout in ('eva', 'beit'):  # Eva's SwiGLU halves: each `hidden` wide
     swiglu, mlp_dim = settings['swiglu_mlp'], hidden
     registers = settings.get('num_reg_tokens', 0)
   else:
@@ -190,9 +191,14 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     raise ValueError(f"{config_path} is neither timm's (no 'architecture') "
                      "nor transformers' (no 'model_type' or "
                      "'architectures').")
-  layout = ('eva' if convert_eva.is_eva(config['architecture']) else
-            'beit' if convert_beit.is_beit(config['architecture']) else 'vit')
-  return _from_vit(state, _LAYOUTS[layout][0](config), weights, model_name,
+  architecture = config['architecture']
+  layout = ('eva' if convert_eva.is_eva(architecture) else
+            'beit' if convert_beit.is_beit(architecture) else
+            'naflex' if convert_naflex.is_naflex(architecture) else 'vit')
+  settings = _LAYOUTS[layout][0](config)
+  if layout == 'naflex':  # the table's grid is the weights'
+    settings['pos_embed_grid_size'] = convert_naflex.grid_of(state)
+  return _from_vit(state, settings, weights, model_name,
                    layout=layout, family=_family(config),
                    transform=dict(config.get('pretrained_cfg') or {}))
 
@@ -205,6 +211,8 @@ _LAYOUTS = {
             convert_eva.to_vit_state),
     'beit': (convert_beit.beit_settings, convert_beit.beit_overrides,
              convert_beit.to_vit_state),
+    'naflex': (convert_naflex.naflex_settings, convert_naflex.naflex_overrides,
+               convert_naflex.to_vit_state),
 }
 
 
@@ -219,7 +227,7 @@ def _from_vit(state: Flat, settings, weights: str, model_name, *,
                                  else 'fc_norm.weight' in state))
   flat = timm_to_npz(state, settings['num_heads'])
   qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
-  if layout != 'vit':
+  if layout in ('eva', 'beit'):
     flat = convert_eva.drop_biases(flat, qkv_bias)
   _check_complete(flat, weights, overrides)
   _check_config_dims(settings, flat, weights, layout)
