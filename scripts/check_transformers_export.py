@@ -182,11 +182,36 @@ def check_headless_vit(work):
   return not problems and diff <= TOLERANCE
 
 
+def check_siglip2(work):
+  """SigLIP 2's NaFlex tower: the Siglip2VisionModel folder written back,
+  on the processor's padded patches (siglip2_golden.npz), and its
+  processor's patches of the golden images."""
+  golden = np.load(os.path.join(DATA, 'siglip2_golden.npz'))
+  _, out = export('siglip2_vision', work)
+  model, arch, problems = load(out)
+  inputs = {k: torch.from_numpy(golden[k]) for k in (
+      'pixel_values', 'pixel_attention_mask', 'spatial_shapes')}
+  with torch.no_grad():
+    outputs = model(**inputs)
+  diffs = {k: float(np.abs(getattr(outputs, k).numpy() -
+                           golden[f'vision/{k}']).max())
+           for k in ('pooler_output', 'last_hidden_state')}
+  processor = transformers.AutoImageProcessor.from_pretrained(out)
+  images = [Image.fromarray(golden['images'][0]),
+            Image.fromarray(golden['images'][1, :48, :48])]
+  pixels = processor(images=images, return_tensors='np')['pixel_values']
+  diffs['processor'] = float(np.abs(pixels - golden['pixel_values']).max())
+  print(f'{"siglip2_vision":24s} {arch:38s} keys: {problems or "ok"}; max '
+        'abs diff: ' + ', '.join(f'{k} {v:.2e}' for k, v in diffs.items()))
+  return not problems and all(v <= TOLERANCE for v in diffs.values())
+
+
 def main():
   transformers.utils.logging.disable_progress_bar()
   with tempfile.TemporaryDirectory() as work:
     passed = [check(case, work) for case in CASES]
     passed.append(check_headless_vit(work))
+    passed.append(check_siglip2(work))
   print('all passed' if all(passed) else 'FAILED')
   sys.exit(0 if all(passed) else 1)
 

@@ -5,6 +5,7 @@ neither.
 
   python scripts/make_transformers_golden.py           # everything
   python scripts/make_transformers_golden.py --older   # the last three only
+  python scripts/make_transformers_golden.py --defaults  # the defaults only
 
 writes into tests/data:
 - transformers/NAME: a small random model of each class in MODELS (every
@@ -382,10 +383,12 @@ def _defaults():
       T.ViTConfig, T.DeiTConfig, T.ViTMAEConfig, T.Dinov2Config,
       T.Dinov2WithRegistersConfig, T.CLIPConfig, T.CLIPVisionConfig,
       T.CLIPTextConfig, T.SiglipConfig, T.SiglipVisionConfig,
-      T.SiglipTextConfig, T.SwinConfig)}
+      T.SiglipTextConfig, T.Siglip2Config, T.Siglip2VisionConfig,
+      T.Siglip2TextConfig, T.SwinConfig)}
   processors = {}
   for name in ('ViTImageProcessor', 'DeiTImageProcessor', 'CLIPImageProcessor',
-               'BitImageProcessor', 'SiglipImageProcessor'):
+               'BitImageProcessor', 'SiglipImageProcessor',
+               'Siglip2ImageProcessor'):
     cls = getattr(T, name + 'Pil', None) or getattr(T, name)
     processors[name] = json.loads(cls().to_json_string())
   return {'configs': configs, 'processors': processors}
@@ -410,6 +413,11 @@ def _torch_files():
              os.path.join(folder, 'unsafe.bin'))
 
 
+def write_defaults():
+  with open(os.path.join(DATA, 'transformers_defaults.json'), 'w') as f:
+    json.dump(_defaults(), f, indent=1, sort_keys=True, default=int)
+
+
 def older():
   shutil.rmtree(OLDER_OUT, ignore_errors=True)
   shutil.rmtree(os.path.join(DATA, 'torch_files'), ignore_errors=True)
@@ -418,12 +426,14 @@ def older():
     _older_folder(name, base, changes, pixels)
     print(name, sorted(os.listdir(os.path.join(OLDER_OUT, name))))
   np.savez(os.path.join(DATA, 'transformers_older_pixels.npz'), **pixels)
-  with open(os.path.join(DATA, 'transformers_defaults.json'), 'w') as f:
-    json.dump(_defaults(), f, indent=1, sort_keys=True, default=int)
+  write_defaults()
   _torch_files()
 
 
 if __name__ == '__main__':
-  if '--older' not in sys.argv:
-    main()
-  older()
+  if '--defaults' in sys.argv:
+    write_defaults()
+  else:
+    if '--older' not in sys.argv:
+      main()
+    older()

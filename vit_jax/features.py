@@ -13,8 +13,9 @@ Inputs are image files, folders (every image file under them, sorted) and
 the images of a tfds split (`--tfds=NAME:SPLIT`, named `NAME:SPLIT/INDEX`).
 The checkpoint, `--model_name`, `--size` and the transform flags work as in
 `predict`, whose eval transform prepares every image; a head is not needed.
-`--indices`: n, the last n blocks (Swin: stages), or block indices such as
-0,5,-1 (`forward_intermediates`, timm's meaning). The .npz holds a float32
+A NaFlex model takes `--max_num_patches=N` (as `predict`), with
+`--output_fmt=pooled`. `--indices`: n, the last n blocks (Swin: stages),
+or block indices such as 0,5,-1 (`forward_intermediates`, timm's meaning). The .npz holds a float32
 array `block_{i}` per block (i from the first block), `block_{i}_prefix`
 (the class and register tokens) with `--prefix_tokens`, or `pooled`: the
 model's output without its head, as the few-shot evaluator reads it; and
@@ -22,6 +23,7 @@ model's output without its head, as the few-shot evaluator reads it; and
 """
 
 import itertools
+import sys
 
 from absl import flags
 from etils import epath
@@ -42,6 +44,7 @@ from vit_jax.data import pipeline
 from vit_jax.evaluators import common
 from vit_jax.models import backbone
 from vit_jax.models import intermediates
+from vit_jax.models import registry
 from vit_jax.platform import sharding
 
 FLAGS = flags.FLAGS
@@ -120,6 +123,10 @@ def check_flags(paths):
       raise ValueError(f'--output_fmt=pooled takes no {", ".join(given)}: '
                        "pooled features are the model's output.")
     indices = None
+  predict.check_max_num_patches(FLAGS.max_num_patches, FLAGS.size)
+  if FLAGS.max_num_patches and indices is not None:
+    raise ValueError('--max_num_patches: images of other grids have other '
+                     'block shapes; only --output_fmt=pooled stacks them.')
   return image_files(paths), indices
 
 
@@ -131,6 +138,13 @@ def load(checkpoint: str):
                                   image_size=FLAGS.size)
   model_name = FLAGS.model_name or (recorded or {}).get('model_name', '')
   module, params = backbone.image_encoder(loaded.model, loaded.params)
+  if FLAGS.max_num_patches:
+    spec = transform.resolve(loaded.transform.size, recorded,
+                             registry.input_normalization(model_name),
+                             **transform.flag_overrides())
+    print(predict.naflex_summary(spec, predict.naflex_patch(module, path),
+                                 FLAGS.max_num_patches), file=sys.stderr)
+    return module, params, spec
   spec = predict.transform_for(path, recorded, loaded.transform.size,
                                model_name)
   return module, params, spec
@@ -200,6 +214,21 @@ def run(fn, params, stream, data):
     yield fetch(*pending)
 
 
+def extract_naflex(fn, params, sources, count: int, spec, patch: int,
+                   max_patches: int):
+  """`extract`'s arrays with each source at its own NaFlex grid of at most
+  `max_patches` patches (`predict.naflex_image`), one at a time."""
+  names, outs = [], []
+  for name, source in tqdm.tqdm(sources, total=count, unit='image',
+                                disable=count < 2):
+    image = predict.naflex_image(source, spec, patch, max_patches)
+    outs.append(jax.tree.map(lambda y: np.asarray(y, np.float32),
+                             fn(params, image[None])))
+    names.append(name)
+  arrays = {k: np.concatenate([out[k] for out in outs]) for k in outs[0]}
+  return dict(arrays, names=np.array(names))
+
+
 def extract(fn, params, sources, count: int, spec):
   """{array name: features of every source, in order}, with `names`; in
   batches of `--batch_size` sharded over this process's devices."""
@@ -232,7 +261,12 @@ def main(argv):
     indices = block_indices(module, params, spec.size, indices)
   fn = feature_fn(module, indices, FLAGS.output_fmt, FLAGS.norm,
                   FLAGS.prefix_tokens)
-  arrays = extract(fn, params, sources, count, spec)
+  if FLAGS.max_num_patches:
+    patch = int(module.patches['size'][0])
+    arrays = extract_naflex(fn, params, sources, count, spec, patch,
+                            FLAGS.max_num_patches)
+  else:
+    arrays = extract(fn, params, sources, count, spec)
   storage.write_atomic(FLAGS.out, lambda f: np.savez(f, **arrays))
   shapes = ', '.join(f'{k} {v.shape}' for k, v in arrays.items())
   print(f'Features of {count} images: {shapes} in {FLAGS.out}')
@@ -256,6 +290,10 @@ def define_flags():
   flags.DEFINE_bool('prefix_tokens', False, 'Also the class and register '
                     'tokens (ViT), as block_{i}_prefix.')
   flags.DEFINE_integer('batch_size', 64, 'Images per step.', lower_bound=1)
+  flags.DEFINE_integer('max_num_patches', None, 'NaFlex models: each image '
+                       'resized, aspect kept, to at most this many patches '
+                       "(SigLIP 2's processor), instead of --size; pooled "
+                       'features only.')
   flags.DEFINE_string('tfds', None, 'A tfds split, NAME:SPLIT, e.g. '
                       'cifar10:test[:100].')
   flags.DEFINE_string('tfds_data_dir', None, "tfds' data folder.")

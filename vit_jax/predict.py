@@ -11,7 +11,10 @@ image resized to the square, bilinear, to [-1, 1]); `--crop_pct`,
 `--crop_mode`, `--interpolation`, `--mean` and `--std` override either, and
 stderr says which applied. The side is `--size`, else the record's, else
 the one that the checkpoint's position table implies; the table is resized
-to any other. Class names: ImageNet-1k or -21k for heads of 1,000 or 21,843
+to any other. A NaFlex model (SigLIP 2's, `posemb_grid`) takes
+`--max_num_patches=N` instead: each image resized, its aspect kept, to at
+most N patches (SigLIP 2's processor), normalized by the transform's mean
+and std. Class names: ImageNet-1k or -21k for heads of 1,000 or 21,843
 classes, `--labels=FILE` (one name per line) for others, else class indices.
 """
 
@@ -28,6 +31,7 @@ from vit_jax.checkpoints import loading
 from vit_jax import cli
 from vit_jax.convert import converter
 from vit_jax.convert import transform
+from vit_jax.data import packing
 from vit_jax.models import lit
 from vit_jax.models import registry
 
@@ -68,6 +72,46 @@ def read_image(path, spec):
   return transform.prepare(path, spec)
 
 
+def check_max_num_patches(max_patches, size=None):
+  """--max_num_patches's value, checked before anything loads."""
+  if max_patches is None:
+    return
+  if max_patches < 1:
+    raise ValueError(f'--max_num_patches={max_patches}: give a positive '
+                     'number of patches.')
+  if size:
+    raise ValueError('--max_num_patches sizes each image itself; give no '
+                     '--size.')
+
+
+def naflex_patch(model, path) -> int:
+  """The patch side of a model whose table is resized to each image's
+  grid (a NaFlex tower's `posemb_grid`), which --max_num_patches needs."""
+  if getattr(model, 'posemb_grid', None) is None:
+    raise ValueError(f'--max_num_patches: {path} is no NaFlex model (its '
+                     'position table is not resized to each image: '
+                     'posemb_grid); give --size instead.')
+  return int(model.patches['size'][0])
+
+
+def naflex_image(source, spec, patch: int, max_patches: int) -> np.ndarray:
+  """The image as SigLIP 2's NaFlex processor sizes it: aspect kept, at
+  most `max_patches` patches (`packing.naflex_grid`), resized bilinearly
+  (`packing.resize`), then normalized by `spec`'s mean and std."""
+  image = np.asarray(transform.decode(source))
+  rows, cols = packing.naflex_grid(*image.shape[:2], patch, max_patches)
+  pixels = packing.resize(image, rows * patch, cols * patch).astype(
+      np.float32) / np.float32(255)
+  return ((pixels - np.float32(spec.mean)) / np.float32(spec.std)).astype(
+      np.float32)
+
+
+def naflex_summary(spec, patch: int, max_patches: int) -> str:
+  return (f'Transform: NaFlex, each image resized (bilinear, aspect kept) to '
+          f'at most {max_patches} patches of {patch} px; mean {spec.mean}, '
+          f'std {spec.std}.')
+
+
 def class_names(num_classes, labels_path=None):
   """Names of the classes, from `labels_path` or the shipped ImageNet lists."""
   if labels_path is None and num_classes in LABEL_FILES:
@@ -106,23 +150,37 @@ def main(argv):
   paths = argv[1:]
   if not paths:
     raise app.UsageError('Give one or more image files.')
+  max_patches = FLAGS.max_num_patches
+  check_max_num_patches(max_patches, FLAGS.size)
   checkpoint, recorded = converter.checkpoint_and_record(FLAGS.checkpoint)
   model, params, size = load_classifier(
       FLAGS.model_name, checkpoint,
       FLAGS.size or transform.recorded_size(recorded), recorded)
   model_name = FLAGS.model_name or (recorded or {}).get('model_name', '')
-  spec = transform_for(checkpoint, recorded, size, model_name)
+  if max_patches:
+    patch = naflex_patch(model, checkpoint)
+    spec = transform.resolve(size, recorded,
+                             registry.input_normalization(model_name),
+                             **transform.flag_overrides())
+    print(naflex_summary(spec, patch, max_patches), file=sys.stderr)
+    prepare = lambda path: naflex_image(path, spec, patch, max_patches)
+  else:
+    spec = transform_for(checkpoint, recorded, size, model_name)
+    prepare = lambda path: transform.prepare(path, spec)
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:
     try:
-      images.append(transform.prepare(path, spec))
+      images.append(prepare(path))
       good.append(path)
     except (OSError, ValueError) as e:
       print(f'Error: {e}' if path in str(e) else f'Error: {path}: {e}',
             file=sys.stderr)
   if good:
-    for path, probs in zip(good, predict(model, params, images)):
+    # NaFlex: each image at its own grid, one at a time.
+    probs = (np.concatenate([predict(model, params, [x]) for x in images])
+             if max_patches else predict(model, params, images))
+    for path, probs in zip(good, probs):
       print(f'{path}:')
       for i in np.argsort(-probs)[:FLAGS.top_k]:
         print(f'  {probs[i]:.4f}  {names[i]}')
@@ -139,6 +197,9 @@ if __name__ == '__main__':
   flags.DEFINE_integer('size', None, 'Image side (default: the recorded '
                        "transform's, else the checkpoint's).")
   flags.DEFINE_integer('top_k', 5, 'Classes printed per image.')
+  flags.DEFINE_integer('max_num_patches', None, 'NaFlex models: each image '
+                       'resized, aspect kept, to at most this many patches '
+                       "(SigLIP 2's processor), instead of --size.")
   transform.define_flags()
   flags.mark_flags_as_required(['checkpoint'])
   cli.run(main)

@@ -46,14 +46,15 @@ def _preset_in_name(path: str) -> Optional[str]:
 
 
 def from_pretrained(src, *, model_name: Optional[str] = None,
-                    image_size: Optional[int] = None,
+                    image_size=None,
                     **overrides) -> Pretrained:
   """(model, params, transform) of the checkpoint `src`.
 
   `model_name`: the preset, where neither a record nor the file's name says
   it. `image_size`: the side the model sees (default: the recorded one,
   else the one the position table implies); the table is resized to it as
-  the source does. `overrides` change the model config (nested dicts key by
+  the source does. A NaFlex tower (`posemb_grid`) takes any (height,
+  width), its table resized to each image's grid at run time. `overrides` change the model config (nested dicts key by
   key), e.g. `classifier='token_unpooled'` for every token's features.
   """
   src = os.fspath(src)

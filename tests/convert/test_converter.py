@@ -24,6 +24,7 @@ from tests import helpers
 from vit_jax.checkpoints import files
 from vit_jax import convert
 from vit_jax import models
+from vit_jax.convert import converter
 from vit_jax.convert import preset_inference
 from vit_jax.convert import transform
 
@@ -534,3 +535,12 @@ def test_full_size_distilled_gives_timms_logits(tmp_path):
         np.abs(logits - want).max() / np.abs(want).max())
   np.testing.assert_allclose(logits, want, rtol=1e-4,
                              atol=1e-4 * np.abs(want).max())
+
+
+def test_workdir_without_an_export_is_refused(tmp_path):
+  """A run that wrote no `.npz` yet (stopped early): convert says so."""
+  (tmp_path / 'config.json').write_text(json.dumps(
+      {'model_name': 'testing', 'model': {}, 'pp': {}}))
+  with pytest.raises(ValueError, match=f'{tmp_path} holds no export '
+                     r'\(`{model_name}.npz`\): convert the one a finished'):
+    converter.convert(str(tmp_path), str(tmp_path / 'out.safetensors'))

@@ -198,3 +198,10 @@ def test_labels_file_must_match_the_head(tmp_path):
   assert predict.class_names(2, str(labels)) == ['cat', 'dog']
   with pytest.raises(ValueError, match='names 2 classes, but the head has 3'):
     predict.class_names(3, str(labels))
+
+
+def test_bare_npz_without_a_record_asks_for_its_preset(tmp_path):
+  path, _, _ = _checkpoint(tmp_path, 3)
+  with pytest.raises(ValueError, match=f'{path} has no record of its model '
+                     r'\(no .*\): name its preset'):
+    predict.load_classifier(None, str(path))

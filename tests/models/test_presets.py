@@ -1,6 +1,7 @@
 """Every preset's parameter count, and a model package without the data
 stack."""
 
+import json
 import subprocess
 import sys
 
@@ -163,6 +164,20 @@ MODEL_SIZES = {
     'ViViT-B_16x2': 89_415_400,
     'ViViT-B_16x2-FE': 115_524_328,
 }
+
+
+def _siglip2_sizes():
+  """SigLIP 2's: transformers 5.23's Siglip[2]VisionModel, Siglip[2]Model
+  of each preset's shapes at 224 px (scripts/make_siglip2_counts.py); the
+  image towers plus their 1000-class head."""
+  with open(f'{ROOT}/tests/data/siglip2_param_counts.json') as f:
+    counts = json.load(f)['counts']
+  head = lambda name: 0 if name.endswith('-towers') else 1000 * (
+      models.MODEL_CONFIGS[name].hidden_size + 1)
+  return {name: n + head(name) for name, n in counts.items()}
+
+
+MODEL_SIZES.update(_siglip2_sizes())
 
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 

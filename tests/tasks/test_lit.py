@@ -268,12 +268,21 @@ def test_fmnist_config_builds_and_validates(loss):
     lit_fmnist.get_config('hinge')
 
 
-@pytest.mark.parametrize('name', ['clip', 'siglip'])
+# folder: (preset, tokenizer file, tokenizer).
+FOLDER_TOWERS = {
+    'clip': ('CLIP-testing-quickgelu-towers', 'tokenizer.json', 'clip'),
+    'siglip': ('SigLIP-testing-towers', 'spiece.model', 'siglip'),
+    'siglip2': ('SigLIP2-testing-naflex-towers', 'tokenizer.model', 'gemma'),
+}
+
+
+@pytest.mark.parametrize('name', FOLDER_TOWERS)
 def test_zeroshot_from_a_transformers_folder(name, fmnist_dirs, tmp_path,
                                              monkeypatch, capsys):
   """`trainer=evaluate` with the zero-shot evaluator, from the folder alone:
   its model, normalization and tokenizer come from the conversion's
-  record (tests/data/transformers, transformers 5.23's tiny models)."""
+  record (tests/data/transformers, transformers 5.23's tiny models; SigLIP
+  2's NaFlex tower on the 32 x 32 images)."""
   from vit_jax import run_config  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path / 'cache'))
   config = lit_fmnist.get_config('softmax')
@@ -285,12 +294,10 @@ def test_zeroshot_from_a_transformers_folder(name, fmnist_dirs, tmp_path,
     config.pretrained_path = os.path.join(helpers.DATA, 'transformers', name)
   config = run_config.resolve(config, {'pretrained_path': '',
                                        'trainer': 'evaluate'})
-  preset = {'clip': 'CLIP-testing-quickgelu-towers',
-            'siglip': 'SigLIP-testing-towers'}[name]
+  preset, vocabulary, tokenizer = FOLDER_TOWERS[name]
   assert config.model_name == preset
-  assert config.lit.vocab_path.endswith(
-      'tokenizer.json' if name == 'clip' else 'spiece.model')
-  assert config.model.pp.tokenizer_name == name
+  assert config.lit.vocab_path.endswith(vocabulary)
+  assert config.model.pp.tokenizer_name == tokenizer
   result = launch.evaluate(config, str(tmp_path / 'eval'))
   assert result['count'] == 37 and 0 <= result['zeroshot_accuracy'] <= 1
   assert 'zero-shot accuracy' in capsys.readouterr().out

@@ -99,7 +99,9 @@ def _from_big_vision(flat: Mapping[str, Any]) -> Params:
   """big_vision's published layout in the original's: everything under
   `params/`, a ViT's `pos_embedding` at its top (the image tower's, `img/`,
   in a two-tower model; the text tower's stays there, as ours), blocks
-  maybe stacked (`encoderblock`, scanned)."""
+  maybe stacked (`encoderblock`, scanned); SigLIP 2's NaFlex ViT
+  (`models/proj/image_text/naflex_vit.py`) embeds flattened patches by a
+  Dense `embedding`: `_naflex_as_vit`."""
   if not all(k.startswith('params/') for k in flat):
     return dict(flat)
   out = {}
@@ -107,6 +109,24 @@ def _from_big_vision(flat: Mapping[str, Any]) -> Params:
     key = re.sub(r'^(img/)?pos_embedding$',
                  r'\1Transformer/posembed_input/pos_embedding', key)
     out[key] = value
+  return _naflex_as_vit(out)
+
+
+def _naflex_as_vit(flat: Params) -> Params:
+  """A NaFlex tower's Dense `embedding` (p * p * 3, D), of patches
+  flattened in (p, p, C) order, as the conv kernel (p, p, 3, D) that
+  computes the same; its (g, g, D) table as a ViT's (1, g * g, D), which a
+  ViT with `posemb_grid=(g, g)` resizes to each image's grid."""
+  out = dict(flat)
+  for tower in ('', 'img/'):
+    kernel = out.get(f'{tower}embedding/kernel')
+    if kernel is None or np.ndim(kernel) != 2:
+      continue
+    side = int(round(np.sqrt(kernel.shape[0] / 3)))
+    out[f'{tower}embedding/kernel'] = np.reshape(
+        kernel, (side, side, 3, kernel.shape[1]))
+    table = f'{tower}Transformer/posembed_input/pos_embedding'
+    out[table] = np.reshape(out[table], (1, -1, np.shape(out[table])[-1]))
   return out
 
 

@@ -66,7 +66,8 @@ def load_model(model_config, path, size=None, *, model=None,
                abstract_params=None):
   """(model, params, image side) of the checkpoint at `path`: the image
   model of `model_config` with the file's head and `pre_logits`, at `size`
-  (default: the side its position table implies); `dtype='auto'` is this
+  (default: the side its position table implies; a (height, width) for a
+  model with `posemb_grid`); `dtype='auto'` is this
   process's devices' for inference (`target.compute_dtype`).
 
   A task whose model takes other inputs (LiT's images and tokens, NaViT's
@@ -91,11 +92,24 @@ def load_model(model_config, path, size=None, *, model=None,
   size = size or image_size(found, config)
   model = cls(**{k: v for k, v in config.items()
                  if k in cls.__dataclass_fields__ and k != 'parent'})
+  height, width = _sides(size, config)
   expected = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), np.zeros((1, size, size, 3), np.float32),
+      jax.random.key(0), np.zeros((1, height, width, 3), np.float32),
       train=False))['params']
   return model, load_params(path, init_params=expected, model_config=config,
                             found=found), size
+
+
+def _sides(size, model_config):
+  """(height, width) of an int side or a pair; a pair of unequal sides
+  only for a model whose table is resized per image (`posemb_grid`)."""
+  height, width = (size, size) if np.ndim(size) == 0 else size
+  if height != width and model_config.get('posemb_grid') is None:
+    raise ValueError(
+        f'image_size {height} x {width}: only a model whose position table '
+        'is resized to each image (posemb_grid, e.g. a NaFlex tower) takes '
+        'non-square images; give one side.')
+  return int(height), int(width)
 
 
 def image_size(params: Mapping[str, Any], model_config) -> int:

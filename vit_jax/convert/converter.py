@@ -5,6 +5,7 @@ a cache."""
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import export
 from vit_jax.convert import hub
+from vit_jax.convert import naflex as convert_naflex
 from vit_jax.convert.preset_inference import check_preset
 from vit_jax.convert.preset_inference import differences
 from vit_jax.convert.preset_inference import dims
@@ -62,7 +64,7 @@ def _check_config_dims(settings, flat: Flat, path: str, layout: str) -> None:
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
-  if layout != 'vit':  # Eva's SwiGLU halves are each `hidden` wide
+  if layout in ('eva', 'beit'):  # Eva's SwiGLU halves: each `hidden` wide
     swiglu, mlp_dim = settings['swiglu_mlp'], hidden
     registers = settings.get('num_reg_tokens', 0)
   else:
@@ -189,9 +191,14 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     raise ValueError(f"{config_path} is neither timm's (no 'architecture') "
                      "nor transformers' (no 'model_type' or "
                      "'architectures').")
-  layout = ('eva' if convert_eva.is_eva(config['architecture']) else
-            'beit' if convert_beit.is_beit(config['architecture']) else 'vit')
-  return _from_vit(state, _LAYOUTS[layout][0](config), weights, model_name,
+  architecture = config['architecture']
+  layout = ('eva' if convert_eva.is_eva(architecture) else
+            'beit' if convert_beit.is_beit(architecture) else
+            'naflex' if convert_naflex.is_naflex(architecture) else 'vit')
+  settings = _LAYOUTS[layout][0](config)
+  if layout == 'naflex':  # the table's grid is the weights'
+    settings['pos_embed_grid_size'] = convert_naflex.grid_of(state)
+  return _from_vit(state, settings, weights, model_name,
                    layout=layout, family=_family(config),
                    transform=dict(config.get('pretrained_cfg') or {}))
 
@@ -204,6 +211,8 @@ _LAYOUTS = {
             convert_eva.to_vit_state),
     'beit': (convert_beit.beit_settings, convert_beit.beit_overrides,
              convert_beit.to_vit_state),
+    'naflex': (convert_naflex.naflex_settings, convert_naflex.naflex_overrides,
+               convert_naflex.to_vit_state),
 }
 
 
@@ -218,7 +227,7 @@ def _from_vit(state: Flat, settings, weights: str, model_name, *,
                                  else 'fc_norm.weight' in state))
   flat = timm_to_npz(state, settings['num_heads'])
   qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
-  if layout != 'vit':
+  if layout in ('eva', 'beit'):
     flat = convert_eva.drop_biases(flat, qkv_bias)
   _check_complete(flat, weights, overrides)
   _check_config_dims(settings, flat, weights, layout)
@@ -266,7 +275,7 @@ def _custom_vit(flat: Flat, settings, overrides) -> Dict[str, Any]:
 # The family of each kind of transformers' image tower.
 _TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
                           'mae': 'MAE', 'clip': 'CLIP', 'siglip': 'SigLIP',
-                          'swin': 'Swin'}
+                          'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin'}
 
 
 def _from_transformers(state: Flat, config, weights: str,
@@ -296,7 +305,8 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
                   model_name: Optional[str]) -> Source:
   """The image tower of `config`, renamed to timm's (`timm_state`)."""
   kind = transformers_layout.kind(config)
-  family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
+  family = registry.FAMILIES[_fixed_siglip2(weights) if kind == 'siglip'
+                             else _TRANSFORMERS_FAMILIES[kind]]
   transform = _transformers_transform(weights, config, family)
   if kind == 'swin':
     transformers_config.swin_settings(config)  # refuses what it cannot
@@ -306,6 +316,17 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
   source = _from_vit(timm_state, settings, weights, model_name,
                      family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
+
+
+def _fixed_siglip2(weights: str) -> str:
+  """The family of a `SiglipModel` folder: SigLIP 2's fixed-size towers
+  where it holds Gemma's tokenizer (`tokenizer.model`) and not SigLIP's
+  (`spiece.model`), as the hub's google/siglip2-*-224 and its siblings;
+  else SigLIP's."""
+  folder = os.path.dirname(weights)
+  gemma = os.path.exists(os.path.join(folder, _VOCABULARIES['gemma'])) and (
+      not os.path.exists(os.path.join(folder, _VOCABULARIES['siglip'])))
+  return 'SigLIP 2' if gemma else _TRANSFORMERS_FAMILIES['siglip']
 
 
 def _two_towers(state: Flat, config, image: Source,
@@ -327,7 +348,8 @@ def _two_towers(state: Flat, config, image: Source,
       out_dim=(image.flat['head/kernel'].shape[-1] if has_head else None,
                extras['out_dim']),
       pp=dict(preset['pp'], max_len=extras['max_len'],
-              size=transformers_layout.vision_config(config)['image_size']),
+              size=transformers_layout.vision_config(config).get(
+                  'image_size') or image.transform['input_size'][-1]),
       bias_init=preset['bias_init'] if extras['b'] is not None else None)
   flat = {**{f'img/{k}': v for k, v in image.flat.items()},
           **{f'txt/{k}': v for k, v in text.items()}, 't': extras['t']}
@@ -346,7 +368,9 @@ def _transformers_transform(weights: str, config, family):
     with open(path) as f:
       out = transformers_config.eval_transform(json.load(f))
   else:
-    side = transformers_layout.vision_config(config).get('image_size', 224)
+    vision = transformers_layout.vision_config(config)
+    side = vision.get('image_size') or (  # NaFlex: its table's square image
+        math.isqrt(vision.get('num_patches', 196)) * vision['patch_size'])
     print(f'Note: no preprocessor_config.json beside {weights}: assuming '
           f'{side} x {side} bicubic and the family\'s mean and std.',
           file=sys.stderr)
@@ -485,23 +509,24 @@ def _record(dst: str, source: Source) -> None:
           '(transform.model_config).', file=sys.stderr)
 
 
-# A two-tower folder's tokenizer files (CLIP's, SigLIP's).
-_VOCABULARIES = ('tokenizer.json', 'spiece.model')
+# A two-tower folder's tokenizer file, by the tokenizer its preset reads
+# (`pp.tokenizer_name`): CLIP's, SigLIP's, SigLIP 2's (Gemma's).
+_VOCABULARIES = {'clip': 'tokenizer.json', 'siglip': 'spiece.model',
+                 'gemma': 'tokenizer.model'}
 
 
-def _copy_vocabulary(src: str, dst: str) -> None:
+def _copy_vocabulary(src: str, dst: str, tokenizer_name: str) -> None:
   """The tokenizer of a two-tower folder, beside `dst` as NAME.FILE, and
   named in the record (`vocab`), which the zero-shot evaluator reads."""
   folder = src if os.path.isdir(src) else os.path.dirname(src)
-  found = [n for n in _VOCABULARIES if os.path.exists(os.path.join(folder, n))]
-  if not found:
-    print(f'Note: {folder} holds no tokenizer ({", ".join(_VOCABULARIES)}): '
-          'set config.lit.vocab_path for text.', file=sys.stderr)
+  name = _VOCABULARIES.get(tokenizer_name)
+  if name is None or not os.path.exists(os.path.join(folder, name)):
+    print(f'Note: {folder} holds no {name or tokenizer_name} tokenizer: set '
+          'config.lit.vocab_path for text.', file=sys.stderr)
     return
-  shutil.copyfile(os.path.join(folder, found[0]),
-                  transform.beside(dst, found[0]))
+  shutil.copyfile(os.path.join(folder, name), transform.beside(dst, name))
   record = transform.load_transform(dst)
-  transform.save_transform(dst, dict(record, vocab=found[0]))
+  transform.save_transform(dst, dict(record, vocab=name))
 
 
 def _check_destination(src: str, dst: str) -> None:
@@ -543,7 +568,8 @@ def convert(src: str, dst: str, model_name: str = None,
   files.save(traverse_util.unflatten_dict(source.flat, sep='/'), dst)
   _record(dst, source)
   if registry.model_class(source.model_name) is lit.LitModel:
-    _copy_vocabulary(src, dst)
+    _copy_vocabulary(src, dst, registry.MODEL_CONFIGS[
+        source.model_name].pp.tokenizer_name)
   return source.model_name
 
 
@@ -586,7 +612,7 @@ def as_npz(src: str, model_name: Optional[str] = None) -> str:
     # The record first, then the .npz by rename: a .npz here is complete.
     partial = f'{dst[:-4]}.partial-{os.getpid()}.npz'
     convert(src, partial, model_name)
-    for name in (*_VOCABULARIES, 'transform.json'):  # what goes beside it
+    for name in (*_VOCABULARIES.values(), 'transform.json'):  # beside it
       if os.path.exists(transform.beside(partial, name)):
         os.replace(transform.beside(partial, name),
                    transform.beside(dst, name))

@@ -117,7 +117,12 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   spec = _eval_transform(name, record, normalization)
   config = transformers_config.config_json(arch, model, flat, spec.size)
   weights = transformers_layout.from_timm(*_timm_state(flat, model), config)
-  processor = transformers_config.preprocessor_json(spec)
+  if arch == 'Siglip2VisionModel':  # NaFlex: a budget of patches
+    patch = model['patches']['size'][0]
+    processor = transformers_config.naflex_preprocessor_json(
+        spec, patch, record.get('max_num_patches') or (spec.size // patch)**2)
+  else:
+    processor = transformers_config.preprocessor_json(spec)
   _write_folder(dst, config, weights, processor)
   if arch == 'ViTModel' and 'pre_logits/kernel' not in flat:
     print(f'Note: {dst} is a ViTModel without a pooler: load it with '

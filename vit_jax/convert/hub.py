@@ -16,7 +16,7 @@ WEIGHTS = ('model.safetensors', 'model.safetensors.index.json',
 # model's tokenizer.
 HUB_FILES = ('config.json', 'model.safetensors', 'preprocessor_config.json',
              'tokenizer.json', 'tokenizer_config.json', 'spiece.model',
-             'model.safetensors.index.json', 'model-*.safetensors',
+             'tokenizer.model', 'model.safetensors.index.json', 'model-*.safetensors',
              'pytorch_model.bin', 'pytorch_model.bin.index.json',
              'pytorch_model-*.bin')
 

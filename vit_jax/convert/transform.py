@@ -7,8 +7,9 @@ in `<name>.transform.json`, with timm's `pretrained_cfg` keys:
 {"transformer": {"gelu_approximate": false}}; `model_name`: the preset;
 `posemb_resize`: how the position table is resized, where it is not the
 family's way (`posemb_resize.RESIZE_METHODS`); `vocab`: a two-tower
-model's tokenizer file, beside it. `predict` reads it back by
-default.
+model's tokenizer file, beside it; `max_num_patches`: a NaFlex tower's
+patch budget (SigLIP 2's processor), whose square image `input_size` is.
+`predict` reads it back by default.
 
 `prepare(file, transform)` prepares an image with timm's meaning: PIL decodes
 it to RGB, then resizes and center-crops it as timm's eval transform does on
@@ -37,7 +38,7 @@ from vit_jax.checkpoints import record
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model', 'model_name', 'posemb_resize',
-                  'vocab')
+                  'vocab', 'max_num_patches')
 # A record's keys that say nothing of the image transform.
 MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab')
 
@@ -82,7 +83,10 @@ class Transform:
   """An eval transform, with timm's meaning.
 
   Attributes:
-    size: the side of the square the model sees.
+    size: the side of the square the model sees, or its (height, width)
+      (a NaFlex tower's any; as timm, both sides are then resized to
+      floor(side / crop_pct) and center-cropped, whatever the crop_mode but
+      'border', which needs a square).
     crop_pct: the crop's share of the resized image, which is
       floor(size / crop_pct) on the short side ('center'), on both sides
       ('squash', aspect lost) or on the long side ('border', padded with the
@@ -100,9 +104,17 @@ class Transform:
   std: Sequence[float] = (0.5, 0.5, 0.5)
 
   def __post_init__(self):
-    if int(self.size) != self.size or self.size < 1:
-      raise ValueError(f'The image size must be a positive integer, not '
-                       f'{self.size!r}.')
+    sides = tuple(self.size) if np.ndim(self.size) else (self.size,)
+    if len(sides) not in (1, 2) or any(
+        int(v) != v or v < 1 for v in sides):
+      raise ValueError(f'The image size must be a positive integer or a '
+                       f'(height, width) of them, not {self.size!r}.')
+    sides = tuple(int(v) for v in sides)
+    object.__setattr__(self, 'size', sides[0] if len(set(sides)) == 1
+                       else sides)
+    if self.crop_mode == 'border' and self.hw[0] != self.hw[1]:
+      raise ValueError(f"crop_mode='border' needs a square size, not "
+                       f'{self.hw[0]} x {self.hw[1]}.')
     if not 0 < self.crop_pct <= 4:
       raise ValueError(f'crop_pct must be in (0, 4], not {self.crop_pct}.')
     if self.crop_mode not in CROP_MODES:
@@ -116,13 +128,26 @@ class Transform:
       raise ValueError(f'std must be positive, not {self.std}.')
 
   @property
-  def scale_size(self) -> int:
-    """The resized side that the crop is taken from (timm's rounding)."""
+  def hw(self) -> Tuple[int, int]:
+    """(height, width) that the model sees."""
+    return self.size if isinstance(self.size, tuple) else (self.size,) * 2
+
+  @property
+  def scale_size(self):
+    """The resized side (sides) that the crop is taken from (timm's
+    rounding)."""
+    if isinstance(self.size, tuple):
+      return tuple(math.floor(v / self.crop_pct) for v in self.size)
     return math.floor(self.size / self.crop_pct)
 
   def describe(self) -> str:
     """What `prepare` does, in words."""
     s, how = self.scale_size, f'({self.interpolation})'
+    if isinstance(s, tuple):
+      crop = (f', center crop {self.hw[0]} x {self.hw[1]}'
+              if s != self.hw else '')
+      return (f'resize to {s[0]} x {s[1]} {how}{crop}, mean {self.mean}, '
+              f'std {self.std}')
     steps = {
         'center': f'resize short side to {s} {how}, center crop {self.size}',
         'squash': f'resize to {s} x {s} {how}' + (
@@ -231,6 +256,8 @@ def decode(source, max_pixels: int = MAX_PIXELS) -> Image.Image:
 def _resized_size(width: int, height: int, t: Transform) -> Tuple[int, int]:
   """(width, height) before the crop, rounded as timm's eval transform."""
   s = t.scale_size
+  if isinstance(s, tuple):  # (height, width): timm's Resize of a pair
+    return s[1], s[0]
   if t.crop_mode == 'squash':
     return s, s
   if t.crop_mode == 'center':  # torchvision's Resize(s): long side truncated
@@ -240,30 +267,33 @@ def _resized_size(width: int, height: int, t: Transform) -> Tuple[int, int]:
   return round(width / ratio), round(height / ratio)
 
 
-def _center_crop(image: Image.Image, size: int, fill) -> Image.Image:
-  """torchvision's CenterCrop: pads a side shorter than `size` with `fill`
-  ((size - side) // 2 before), then crops at round((side - size) / 2)."""
-  def offset(side):
+def _center_crop(image: Image.Image, hw: Tuple[int, int],
+                 fill) -> Image.Image:
+  """torchvision's CenterCrop to (height, width) `hw`: pads a side shorter
+  than its size with `fill` ((size - side) // 2 before), then crops at
+  round((side - size) / 2)."""
+  def offset(side, size):
     return -((size - side) // 2) if side < size else int(
         round((side - size) / 2.0))
 
   width, height = image.size
-  out = Image.new('RGB', (size, size), fill)
-  out.paste(image, (-offset(width), -offset(height)))
+  out = Image.new('RGB', (hw[1], hw[0]), fill)
+  out.paste(image, (-offset(width, hw[1]), -offset(height, hw[0])))
   return out
 
 
 def prepare(source, transform: Transform,
             max_pixels: int = MAX_PIXELS) -> np.ndarray:
   """The image at `source` (a path or the file's bytes) as the model sees
-  it: (size, size, 3) float32, normalized by the transform's mean and std."""
+  it: (height, width, 3) float32, normalized by the transform's mean and
+  std."""
   image = decode(source, max_pixels)
   size = _resized_size(*image.size, transform)
   if size != image.size:
     image = image.resize(size, INTERPOLATIONS[transform.interpolation])
   fill = (tuple(round(255 * v) for v in transform.mean)
           if transform.crop_mode == 'border' else (0, 0, 0))
-  image = _center_crop(image, transform.size, fill)
+  image = _center_crop(image, transform.hw, fill)
   # As ToTensor and Normalize: float32 / 255, then (x - mean) / std.
   pixels = np.asarray(image, np.float32) / np.float32(255)
   return ((pixels - np.float32(transform.mean)) /

@@ -100,7 +100,7 @@ def vit_settings(config: Dict[str, Any]) -> Dict[str, Any]:
                       mlp_ratio=2 * _swiglu_hidden(vision) / width)
   elif family == 'clip':
     settings['pre_norm'] = True
-  elif family == 'siglip':
+  elif family in ('siglip', 'siglip2'):
     if not vision.get('vision_use_head', True):
       raise _unsupported(arch, 'vision_use_head', False, 'its pooled output '
                          'is the MAP head')
@@ -128,7 +128,8 @@ def swin_settings(config: Dict[str, Any]) -> Dict[str, Any]:
 # Writing (`--layout=transformers`): vit_jax's families that transformers
 # computes, as the kind of image tower.
 _EXPORTED = {'ViT': 'vit', 'DeiT': 'vit', 'MAE': 'mae', 'DINOv2': 'dinov2',
-             'CLIP': 'clip', 'SigLIP': 'siglip', 'Swin': 'swin'}
+             'CLIP': 'clip', 'SigLIP': 'siglip', 'SigLIP 2': 'siglip',
+             'SigLIP 2 NaFlex': 'siglip2', 'Swin': 'swin'}
 _ANY, _SET = object(), object()  # any value; any but None
 # The ViT settings (the model config's; `transformer.`: the encoder's) that
 # transformers' ViT computes; each architecture's differ as `_WRITTEN` says.
@@ -155,6 +156,9 @@ _WRITTEN = {
     'CLIPVisionModelWithProjection': ('clip_vision_model', True,
                                       _CLIP_TOWER),
     'SiglipVisionModel': ('siglip_vision_model', False, {'classifier': 'map'}),
+    # NaFlex: its square table resized to each image (`posemb_grid`).
+    'Siglip2VisionModel': ('siglip2_vision_model', False,
+                           {'classifier': 'map', 'posemb_grid': _SET}),
     'SwinForImageClassification': ('swin', True, None),
 }
 
@@ -181,6 +185,8 @@ def _target(kind: str, model: Dict[str, Any], head: bool) -> str:
     return 'CLIPVisionModelWithProjection' if head else 'CLIPVisionModel'
   if kind == 'siglip':
     return 'SiglipVisionModel'
+  if kind == 'siglip2':
+    return 'Siglip2VisionModel'
   if _setting(model, 'classifier') == 'distilled':
     return 'DeiTForImageClassificationWithTeacher'
   if head:
@@ -265,7 +271,7 @@ def _vit_config(kind: str, model: Dict[str, Any], flat: Flat):
       hidden_act=_hidden_act(_setting(model, 'transformer.quick_gelu'),
                              _setting(model, 'transformer.gelu_approximate')))
   attention = float(_setting(model, 'transformer.attention_dropout_rate'))
-  if kind in ('clip', 'siglip'):
+  if kind in ('clip', 'siglip', 'siglip2'):
     return dict(config, attention_dropout=attention)
   return dict(config, qkv_bias=True, attention_probs_dropout_prob=attention,
               hidden_dropout_prob=float(
@@ -341,8 +347,12 @@ def config_json(arch: str, model: Dict[str, Any], flat: Flat,
   if 'pre_logits/bias' in flat:
     config.update(pooler_output_size=flat['pre_logits/bias'].shape[0],
                   pooler_act='tanh')
-  if kind == 'siglip':
+  if kind in ('siglip', 'siglip2'):
     config['vision_use_head'] = True
+  if kind == 'siglip2':  # its table's patches, not an image size
+    config.pop('image_size')
+    config['num_patches'] = flat[
+        'Transformer/posembed_input/pos_embedding'].shape[1]
   if arch == 'ViTMAEModel':  # the encoder sees every patch, as vit_jax's
     config['mask_ratio'] = 0.
   return config
@@ -369,6 +379,8 @@ def eval_transform(processor: Dict[str, Any]) -> Dict[str, Any]:
   (both sides, or the short one: `shortest_edge`), then, with
   `do_center_crop`, cropped to `crop_size`."""
   processor = transformers_defaults.complete_processor(processor)
+  if 'max_num_patches' in processor:
+    return _naflex_transform(processor)
   if 'size' not in processor:
     raise ValueError('preprocessor_config.json gives no size, and its '
                      f'processor ({transformers_defaults.processor_class(processor) or "none named"}) '
@@ -401,6 +413,23 @@ def eval_transform(processor: Dict[str, Any]) -> Dict[str, Any]:
       else [1., 1., 1.])
 
 
+def _naflex_transform(processor: Dict[str, Any]) -> Dict[str, Any]:
+  """SigLIP 2's NaFlex processor (`Siglip2ImageProcessor`): each image
+  resized, aspect kept, to at most `max_num_patches` patches
+  (`data.packing.naflex_grid`). Recorded as its square image: k x k
+  patches, k = floor(sqrt(max_num_patches)), which is its grid of a square
+  image; `max_num_patches` beside it."""
+  patches, patch = int(processor['max_num_patches']), int(
+      processor['patch_size'])
+  side = math.isqrt(patches) * patch
+  out = eval_transform(dict(
+      {k: v for k, v in processor.items()
+       if k not in ('max_num_patches', 'patch_size')},
+      image_processor_type='SiglipImageProcessor',
+      size={'height': side, 'width': side}))
+  return dict(out, max_num_patches=patches)
+
+
 # The hub's processor of each way of resizing (google/vit-*,
 # facebook/deit-*, openai/clip-*), by (crop_mode, crop).
 _PROCESSORS = {('squash', False): 'ViTImageProcessor',
@@ -430,3 +459,20 @@ def preprocessor_json(spec) -> Dict[str, Any]:
   return dict(out, do_rescale=True, rescale_factor=1 / 255,
               do_normalize=True, image_mean=list(spec.mean),
               image_std=list(spec.std), do_convert_rgb=True)
+
+
+def naflex_preprocessor_json(spec, patch: int,
+                             max_num_patches: int) -> Dict[str, Any]:
+  """SigLIP 2's `Siglip2ImageProcessor` of an eval transform that squashes
+  (`transform.Transform`), at most `max_num_patches` patches of `patch`
+  pixels: the inverse of `eval_transform` of one."""
+  if spec.crop_mode != 'squash' or spec.scale_size != spec.size:
+    raise ValueError("SigLIP 2's NaFlex processor resizes the whole image, "
+                     f'without a crop; the transform has crop_mode '
+                     f'{spec.crop_mode!r}, crop_pct {spec.crop_pct}.')
+  return dict(image_processor_type='Siglip2ImageProcessor', do_resize=True,
+              patch_size=patch, max_num_patches=int(max_num_patches),
+              resample={v: k for k, v in _RESAMPLE.items()}[
+                  spec.interpolation],
+              do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+              image_mean=list(spec.mean), image_std=list(spec.std))

@@ -49,6 +49,16 @@ CONFIGS = {
         _TEXT, hidden_size=768, num_attention_heads=12,
         intermediate_size=3072, hidden_act='gelu_pytorch_tanh',
         layer_norm_eps=1e-6, max_position_embeddings=64, vocab_size=32000),
+    # SigLIP 2: SigLIP's towers; the NaFlex table's size in patches.
+    'siglip2': {},
+    'siglip2_vision_model': dict(
+        {k: v for k, v in _TOWER.items() if k != 'image_size'},
+        hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
+        vision_use_head=True, num_patches=256),
+    'siglip2_text_model': dict(
+        _TEXT, hidden_size=768, num_attention_heads=12,
+        intermediate_size=3072, hidden_act='gelu_pytorch_tanh',
+        layer_norm_eps=1e-6, max_position_embeddings=64, vocab_size=32000),
     'swin': dict(image_size=224, patch_size=4, num_channels=3, embed_dim=96,
                  depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                  window_size=7, mlp_ratio=4.0, qkv_bias=True,
@@ -61,6 +71,8 @@ SUB_CONFIGS = {
              'text_config': 'clip_text_model'},
     'siglip': {'vision_config': 'siglip_vision_model',
                'text_config': 'siglip_text_model'},
+    'siglip2': {'vision_config': 'siglip2_vision_model',
+                'text_config': 'siglip2_text_model'},
 }
 
 
@@ -97,6 +109,10 @@ PROCESSORS = {
         do_center_crop=True, crop_size=_SQUARE(224), **_CLIP)),
     'SiglipImageProcessor': (True, dict(
         _COMMON, size=_SQUARE(224), resample=3, **_IMAGENET_HALF)),
+    # NaFlex: each image resized to at most `max_num_patches` patches.
+    'Siglip2ImageProcessor': (True, dict(
+        _COMMON, resample=2, patch_size=16, max_num_patches=256,
+        **_IMAGENET_HALF)),
 }
 
 

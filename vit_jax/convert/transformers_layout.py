@@ -21,6 +21,10 @@ What each architecture becomes (docs/checkpoints.md lists the names):
   `pre_layrnorm`, `post_layernorm` (on the pooled token: the same as on
   every token) and bias-free `visual_projection` (the head, bias zero);
   SigLIP's MAP head, whose `in_proj` fuses query, key and value.
+- `Siglip2VisionModel`, `Siglip2Model`: SigLIP 2's NaFlex tower, SigLIP's
+  but for its patch embedding, an nn.Linear of patches flattened in
+  (p, p, C) order (timm's conv kernel (D, C, p, p) reordered), and its
+  table of a 16 x 16 grid, which the model resizes to each image's.
 - `SwinForImageClassification`: its patch merging ends each stage (the
   original release's layout, which `convert.swin` reads).
 """
@@ -48,9 +52,11 @@ ARCHITECTURES = {
     'CLIPModel': ('clip', 'vision_model.'),
     'SiglipVisionModel': ('siglip', ''),
     'SiglipModel': ('siglip', 'vision_model.'),
+    'Siglip2VisionModel': ('siglip2', ''),
+    'Siglip2Model': ('siglip2', 'vision_model.'),
     'SwinForImageClassification': ('swin', 'swin.'),
 }
-TWO_TOWERS = ('CLIPModel', 'SiglipModel')
+TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model')
 
 # (transformers module, timm module) of the modules that map one to one,
 # their leaves (weight, bias, ...) alike; {i} is a block's index. Reading
@@ -127,7 +133,7 @@ _SWIN = [
     ('classifier', 'head'),
 ]
 _RULES = {'vit': _VIT, 'deit': _VIT, 'dinov2': _VIT, 'mae': _VIT,
-          'clip': _CLIP, 'siglip': _CLIP, 'swin': _SWIN}
+          'clip': _CLIP, 'siglip': _CLIP, 'siglip2': _CLIP, 'swin': _SWIN}
 # Separate projections (transformers' module, its parts in timm's order)
 # and timm's fused one.
 _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
@@ -170,7 +176,8 @@ def architecture(config: Dict[str, Any]) -> str:
 
 
 def kind(config: Dict[str, Any]) -> str:
-  """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip' or 'swin'."""
+  """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2' or
+  'swin'."""
   return ARCHITECTURES[architecture(config)][0]
 
 
@@ -222,8 +229,8 @@ def _image_tower(state: Flat, prefix: str) -> Tuple[Flat, list]:
 
 def _qkv(family: str):
   """(transformers' module, its parts, timm's module) of the projections."""
-  return _QKV[{'clip': 'clip', 'siglip': 'clip', 'swin': 'swin'}.get(
-      family, 'vit')]
+  return _QKV[{'clip': 'clip', 'siglip': 'clip', 'siglip2': 'clip',
+               'swin': 'swin'}.get(family, 'vit')]
 
 
 def _fuse(state: Flat, family: str) -> Tuple[Flat, Flat]:
@@ -268,6 +275,8 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   arch = architecture(config)
   family, prefix = ARCHITECTURES[arch]
   tower, dropped = _image_tower(state, prefix)
+  if family == 'siglip2':
+    tower = _patches_as_conv(tower, vision_config(config)['patch_size'])
   fused, tower = _fuse(tower, family)
   out, extra, unknown = dict(fused), {}, []
   for key, value in tower.items():
@@ -296,6 +305,26 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   if arch == 'Dinov2WithRegistersModel':
     out = _fold_class_entry(out)
   return out, extra, dropped
+
+
+_PATCH_LINEAR = 'embeddings.patch_embedding.weight'
+
+
+def _patches_as_conv(tower: Flat, patch: int) -> Flat:
+  """SigLIP 2's patch embedding, a Linear (D, p * p * C) of patches
+  flattened in (p, p, C) order, as the conv kernel (D, C, p, p) of the
+  same sums."""
+  weight = tower[_PATCH_LINEAR]
+  width = weight.shape[0]
+  kernel = weight.reshape(width, patch, patch, -1).transpose(0, 3, 1, 2)
+  return dict(tower, **{_PATCH_LINEAR: kernel})
+
+
+def _patches_as_linear(out: Flat) -> Flat:
+  """`_patches_as_conv`'s reverse."""
+  kernel = out[_PATCH_LINEAR]
+  return dict(out, **{_PATCH_LINEAR: kernel.transpose(0, 2, 3, 1).reshape(
+      kernel.shape[0], -1)})
 
 
 def _fold_class_entry(state: Flat) -> Flat:
@@ -338,7 +367,7 @@ def _special_from_timm(state: Flat, extra: Flat,
   """(transformers' names of what `to_timm` reads case by case, the rest
   of `state`)."""
   state, out = dict(state), {}
-  if family in ('clip', 'siglip'):  # an nn.Embedding
+  if family in ('clip', 'siglip', 'siglip2'):  # an nn.Embedding
     out['embeddings.position_embedding.weight'] = state.pop('pos_embed')[0]
   if family == 'clip':
     out['embeddings.class_embedding'] = state.pop('cls_token').reshape(-1)
@@ -378,6 +407,8 @@ def from_timm(state: Flat, extra: Flat, config: Dict[str, Any]) -> Flat:
   if unknown:
     raise ValueError(f"transformers' {arch} has no counterpart of timm's "
                      f'{", ".join(unknown[:6])}.')
+  if family == 'siglip2':
+    out = _patches_as_linear(out)
   if arch == 'Dinov2WithRegistersModel':
     # Its embeddings always hold one, which only masked image modeling
     # uses; zeros are transformers' own init.

@@ -1,5 +1,6 @@
-"""The text tower of Hugging Face transformers' `CLIPModel` and
-`SiglipModel` <-> `models.lit.TextTransformer` (a `LitModel`'s `txt/`).
+"""The text tower of Hugging Face transformers' `CLIPModel`, `SiglipModel`
+and `Siglip2Model` (SigLIP's layout) <-> `models.lit.TextTransformer` (a
+`LitModel`'s `txt/`).
 
 transformers (under `text_model.`)     vit_jax (under `txt/`)
   embeddings.token_embedding             Embed_0/embedding
@@ -10,7 +11,7 @@ transformers (under `text_model.`)     vit_jax (under `txt/`)
     q_proj, k_proj, v_proj, out_proj         query, key, value, out
   encoder.layers.{i}.mlp.fc1, fc2        .../MlpBlock_0/Dense_0, Dense_1
   final_layer_norm                       Encoder_0/encoder_norm
-  head (SigLIP's)                        head
+  head (SigLIP's, SigLIP 2's)            head
   text_projection (CLIP's, at the top,   head (its bias: zeros)
     without a bias)
 and `logit_scale` (log temperature, as `t`), SigLIP's `logit_bias` (`b`).
@@ -29,7 +30,7 @@ from vit_jax.convert import transformers_defaults
 
 Flat = Dict[str, np.ndarray]
 
-_NAMES = {'clip': 'CLIP', 'siglip': 'SigLIP'}
+_NAMES = {'clip': 'CLIP', 'siglip': 'SigLIP', 'siglip2': 'SigLIP 2'}
 _BLOCK = {  # module in a layer -> (vit_jax's module, layout)
     'layer_norm1': ('LayerNorm_0', 'norm'),
     'layer_norm2': ('LayerNorm_1', 'norm'),
@@ -168,7 +169,7 @@ def text_tower(state: Flat, config: Dict[str, Any]
     raise _error(kind, 'no text_model.encoder.layers in the weights.')
   pairs = _pairs(kind, max(layers) + 1)
   _check_keys(kind, text, pairs, 'vit_jax')
-  for key in ('logit_scale',) + (('logit_bias',) if kind == 'siglip' else ()):
+  for key in ('logit_scale',) + (('logit_bias',) if kind != 'clip' else ()):
     if key not in state:
       raise _error(kind, f'{key} is missing.')
   fields = _text_fields(kind, config.get('text_config', {}), text,
@@ -181,7 +182,7 @@ def text_tower(state: Flat, config: Dict[str, Any]
                                  flat['head/kernel'].dtype)
   extras = {'t': np.reshape(state['logit_scale'], (1,)),
             'b': (np.reshape(state['logit_bias'], (1,))
-                  if kind == 'siglip' else None),
+                  if kind != 'clip' else None),
             'max_len': flat['pos_embedding'].shape[1],
             'out_dim': flat['head/kernel'].shape[1]}
   return flat, fields, extras
@@ -190,8 +191,8 @@ def text_tower(state: Flat, config: Dict[str, Any]
 def text_to_transformers(flat: Flat, fields: Dict[str, Any],
                          extras: Dict[str, Any], kind: str) -> Flat:
   """`text_tower`'s reverse: the text tower's parameters in transformers'
-  names of `kind` ('clip' or 'siglip'), with `logit_scale` (and SigLIP's
-  `logit_bias`)."""
+  names of `kind` ('clip', 'siglip' or 'siglip2'), with `logit_scale`
+  (and SigLIP's `logit_bias`)."""
   if kind not in _NAMES:
     raise ValueError(f'kind={kind!r}; expected one of {tuple(_NAMES)}.')
   pairs = _pairs(kind, fields['num_layers'])
@@ -207,7 +208,7 @@ def text_to_transformers(flat: Flat, fields: Dict[str, Any],
            for k, v in flat.items()}
   t = np.asarray(extras['t'])
   state['logit_scale'] = t.reshape(()) if kind == 'clip' else t.reshape(1)
-  if kind == 'siglip':
+  if kind != 'clip':
     if extras.get('b') is None:
       raise _error(kind, "its logit_bias is missing: extras['b'] is None.")
     state['logit_bias'] = np.reshape(extras['b'], (1,))

@@ -337,3 +337,36 @@ def pack(sequences: Sequence[Sequence[dict]], max_tokens: int,
 def efficiency(segment_ids) -> float:
   """Packing efficiency: real tokens / all tokens."""
   return float(np.mean(np.asarray(segment_ids) > 0))
+
+
+def naflex_batch(pixel_values, pixel_attention_mask, spatial_shapes) -> dict:
+  """transformers' SigLIP 2 inputs (`Siglip2ImageProcessor`'s) as a packed
+  batch (`KEYS`) of one image a sequence, for NaViT (`max_images=1`).
+
+  pixel_values (B, N, p*p*C): each image's h * w patches in row-major
+  order, flattened in (p, p, C) order as `patchify`'s, then padding;
+  pixel_attention_mask (B, N): 1 on the patches, 0 on the padding;
+  spatial_shapes (B, 2): each image's grid (h, w).
+  """
+  patches = np.asarray(pixel_values, np.float32)
+  mask = np.asarray(pixel_attention_mask)
+  shapes = np.asarray(spatial_shapes, np.int64)
+  if patches.ndim != 3 or mask.shape != patches.shape[:2] or (
+      shapes.shape != (len(patches), 2)):
+    raise ValueError(
+        f'Expected pixel_values (B, N, p*p*C), pixel_attention_mask (B, N) '
+        f'and spatial_shapes (B, 2); got {patches.shape}, {mask.shape} and '
+        f'{shapes.shape}.')
+  index = np.arange(patches.shape[1])
+  real = index < np.prod(shapes, axis=1)[:, None]
+  if not np.array_equal(mask != 0, real):
+    raise ValueError('pixel_attention_mask must mark the first h * w tokens '
+                     'of each row (its spatial_shapes), as transformers\' '
+                     'Siglip2ImageProcessor pads.')
+  width = np.maximum(shapes[:, 1:], 1)
+  out = {'patches': patches, 'segment_ids': real}
+  out.update(rows=index // width, cols=index % width,
+             heights=np.broadcast_to(shapes[:, :1], real.shape),
+             widths=np.broadcast_to(shapes[:, 1:], real.shape))
+  return {k: np.where(real, v, 0).astype(np.int32) if k != 'patches' else v
+          for k, v in out.items()}

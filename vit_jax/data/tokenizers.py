@@ -14,6 +14,11 @@
     canonicalized as its SiglipTokenizer does (lower case, no punctuation,
     whitespace collapsed), then as 'sentencepiece', padded with the pad
     token of `tokenizer_config.json` beside it (else </s>).
+  'gemma': Gemma's SentencePiece `tokenizer.model` (a transformers SigLIP 2
+    folder's), as SigLIP 2 reads text (big_vision's `lower|tok(model=
+    "gemma", bos="no", eos="sticky")`, transformers' Siglip2Tokenizer):
+    lower-cased, no <bos>, pieces and <eos> cut to max_len keeping <eos>
+    last, padded with <pad>.
 
 All run offline on the CPU: HuggingFace `tokenizers` (WordPiece, BPE) and
 `sentencepiece`, the libraries' own implementations of the algorithms.
@@ -41,7 +46,7 @@ from tokenizers import pre_tokenizers
 with epy.lazy_imports():  # TensorFlow loads when first used
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-TOKENIZERS = ('bert', 'sentencepiece', 'clip', 'siglip')
+TOKENIZERS = ('bert', 'sentencepiece', 'clip', 'siglip', 'gemma')
 
 
 def _read(path, mode='r'):
@@ -161,6 +166,22 @@ class SiglipTokenizer(SentencepieceTokenizer):
     return super().__call__([_canonical(t) for t in _check_texts(texts)])
 
 
+class GemmaTokenizer(SentencepieceTokenizer):
+  """Gemma's SentencePiece on lower-cased text, as SigLIP 2 (module
+  docstring): its own <eos> and <pad> pieces."""
+
+  def __init__(self, vocab_path: str, max_len: int):
+    super().__init__(vocab_path, max_len)
+    self.eos_token, self.pad_token = self._sp.eos_id(), self._sp.pad_id()
+    self.bos_token = self._sp.bos_id()
+    if min(self.eos_token, self.pad_token) < 0:
+      raise ValueError(f'{vocab_path} has no <eos> or no <pad> piece: it is '
+                       "not Gemma's tokenizer.")
+
+  def __call__(self, texts: Iterable[str]) -> np.ndarray:
+    return super().__call__([t.lower() for t in _check_texts(texts)])
+
+
 def _canonical(text: str) -> str:
   """`text` as SiglipTokenizer reads it (big_vision's canonical prompts)."""
   text = text.lower().translate(str.maketrans('', '', string.punctuation))
@@ -196,7 +217,8 @@ class ClipTokenizer(_GraphForm):
 
 
 _CLASSES = dict(zip(TOKENIZERS, (BertTokenizer, SentencepieceTokenizer,
-                                 ClipTokenizer, SiglipTokenizer)))
+                                 ClipTokenizer, SiglipTokenizer,
+                                 GemmaTokenizer)))
 
 
 def tokenizer_class(name: str):
@@ -210,7 +232,8 @@ def tokenizer_class(name: str):
 
 def get_tokenizer(name: str, vocab_path: str, max_len: int):
   """The tokenizer `name` (one of TOKENIZERS) of a vocabulary file: 'clip''s
-  is a tokenizer.json, 'siglip''s a spiece.model."""
+  is a tokenizer.json, 'siglip''s a spiece.model, 'gemma''s a
+  tokenizer.model."""
   cls = tokenizer_class(name)
   if max_len < 2:
     raise ValueError(f'max_len={max_len} leaves no room for a token.')
@@ -218,12 +241,13 @@ def get_tokenizer(name: str, vocab_path: str, max_len: int):
 
 
 # A transformers folder's tokenizer file -> the tokenizer that reads it;
-# SentencePiece's first, should a SigLIP folder hold a tokenizer.json too.
-_FOLDER_FILES = {'spiece.model': 'siglip', 'tokenizer.json': 'clip'}
+# SentencePiece's first: SigLIP 2 folders hold a tokenizer.json too.
+_FOLDER_FILES = {'spiece.model': 'siglip', 'tokenizer.model': 'gemma',
+                 'tokenizer.json': 'clip'}
 
 
 def tokenizer_from_folder(folder: str, max_len: int):
-  """The tokenizer of a transformers CLIP or SigLIP folder (its
+  """The tokenizer of a transformers CLIP, SigLIP or SigLIP 2 folder (its
   `save_pretrained` or hub download)."""
   for filename, name in _FOLDER_FILES.items():
     path = epath.Path(folder) / filename

@@ -62,8 +62,8 @@ def get_tokenizer(config, workdir, fit=True):
       config.model.pp.tokenizer_name != 'sentencepiece'):
     raise ValueError('Only a SentencePiece vocabulary can be fitted here; '
                      'set config.lit.vocab_path to the tokenizer file (a '
-                     'BERT vocab.txt, CLIP tokenizer.json or SigLIP '
-                     'spiece.model).')
+                     'BERT vocab.txt, CLIP tokenizer.json, SigLIP '
+                     'spiece.model or SigLIP 2 tokenizer.model).')
   path = caption_data.vocabulary(config, workdir,
                                  config.model.text.get('vocab_size'), fit)
   tokenizer = tokenizers.get_tokenizer(config.model.pp.tokenizer_name, path,

@@ -10,6 +10,7 @@ from vit_jax.models.families import deit3
 from vit_jax.models.families import mae
 from vit_jax.models.families import clip
 from vit_jax.models.families import siglip
+from vit_jax.models.families import siglip2
 from vit_jax.models.families import eva02
 from vit_jax.models.families import dinov3
 from vit_jax.models.families import beit
