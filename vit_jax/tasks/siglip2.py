@@ -81,6 +81,13 @@ def check_settings(config):
   if config.model.naflex and not s.naflex_budgets:
     raise ValueError('config.model.naflex needs config.siglip2.'
                      'naflex_budgets (patches per image).')
+  odd = [n for n in s.naflex_budgets if round(n**0.5)**2 != n]
+  if config.model.naflex and odd:
+    # The decoder cross-attends to every token: no padding mask yet, so a
+    # square scene must fill its sequence.
+    raise ValueError(f'config.siglip2.naflex_budgets={tuple(odd)}: the '
+                     'square scenes fill only square budgets (4x4=16, 36, '
+                     '64...), and the decoder has no padding mask yet.')
   if config.accum_steps > 1 and ssl_on(config):
     raise ValueError("Self-distillation takes accum_steps=1: the teacher's "
                      'average follows every optimizer update.')
