@@ -12,6 +12,7 @@ from vit_jax import launch
 from vit_jax.checkpoints import files
 from vit_jax.configs import siglip2_scenes
 from vit_jax.data import locca
+from vit_jax.tasks import siglip2
 
 
 @pytest.fixture(scope='module')
@@ -52,3 +53,17 @@ def test_naflex_batches_take_the_steps_budget(dirs, tmp_path):
                                                  ).all()
     seen.add(n)
   assert len(seen) > 1
+
+
+@pytest.mark.parametrize('arm,settings,match', [
+    ('siglip2', dict(parallel_fraction=1.5), 'parallel_fraction'),
+    ('siglip2', dict(ssl_start=1.0), 'ssl_start'),
+    ('siglip2', dict(tips_weight=-1.), 'tips_weight'),
+    ('siglip2_naflex', dict(silc_weight=1.), 'SILC and TIPS train the fixed'),
+    ('siglip2_naflex', dict(naflex_budgets=(16, 30)), r'\(30,\)'),
+])
+def test_bad_settings_are_refused(arm, settings, match):
+  config = siglip2_scenes.get_config(arm).unlock()
+  config.siglip2.update(settings)
+  with pytest.raises(ValueError, match=match):
+    siglip2.check_settings(config)
