@@ -34,11 +34,13 @@ import jax.numpy as jnp
 
 from vit_jax import losses
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import record
 from vit_jax.checkpoints import storage
 from vit_jax.data import locca
 from vit_jax.data import tokenizers
 from vit_jax.data import multicrop
 from vit_jax.models import dino as models_dino
+from vit_jax.models import lit
 from vit_jax.models import navit as models_navit
 from vit_jax.models import posemb
 from vit_jax.models import siglip2_recipe
@@ -359,6 +361,43 @@ class Task(base.Task):
 
   def exported_params(self, params):
     return params['student']
+
+  @property
+  def towers(self):
+    """The exported model: the recipe's two towers as a SigLIP `LitModel`
+    (its image tower a ViT with the MAP head; NaFlex's with `posemb_grid`,
+    its table resized to each image's grid), which every tool opens."""
+    m = self.config.model
+    image = {k: v for k, v in self.model.image.items()
+             if k not in ('posemb', 'max_grid')}
+    image.update(classifier='map', posemb='learn')
+    if m.naflex:
+      image['posemb_grid'] = (m.image.max_grid,) * 2
+    return lit.LitModel(
+        image=image, text_model='text_transformer', text=m.text.to_dict(),
+        out_dim=m.out_dim, temperature_init=m.temperature_init,
+        bias_init=m.bias_init, model_name=self.config.model_name,
+        pp={'tokenizer_name': 'sentencepiece', 'max_len': m.text_max_len,
+            'size': self.config.pp.crop})
+
+  def exported_files(self, params):
+    """The two towers in `LitModel`'s tree (`towers`); LocCa's decoder
+    beside, in `.decoder.npz`. The heads of SILC and TIPS and the mask
+    token are the recipe's training aids, not exported."""
+    img = {k: v for k, v in params['img'].items() if k != 'mask_token'}
+    if 'img_pool' in params:
+      img['MAPHead_0'] = params['img_pool']
+    img['head'] = params['img_head']
+    out = {'': {'img': img, 'txt': params['txt'], 't': params['t'],
+                'b': params['b']}}
+    if 'text_decoder' in params:
+      out['.decoder'] = {'text_decoder': params['text_decoder']}
+    return out
+
+  def exported_records(self):
+    """The towers' record, naming the tokenizer beside (`vocab`)."""
+    return {'': {**record.of_run(self.config, self.towers),
+                 'vocab': 'vocab.model'}}
 
   def finish(self, params, workdir):
     """Beside the export: the vocabulary."""
