@@ -25,6 +25,7 @@ from tests.helpers import cubic_taps_inside as _inside
 from tests.helpers import param_shapes
 from tests.helpers import smooth_1d as _smooth_1d
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax import checkpoint  # the original's helpers: load_pretrained, resize_posemb_grid
 from vit_jax import models
 
@@ -383,3 +384,13 @@ def test_load_pretrained_config_errors(pretrained, learn2d_pretrained):
                      r'pos_embedding: \(1, 5, 10\)'):
     checkpoint.load_pretrained(pretrained_path=path2d, init_params=init,
                                model_config={})
+
+
+def test_a_two_tower_config_loads_its_image_tower():
+  """A SigLIP file with its towers' config (a dense probe's encoder from a
+  two-tower export): the image ViT, the file's `img` tree as it is."""
+  path = 'tests/data/big_vision_siglip.npz'
+  config = models.MODEL_CONFIGS['SigLIP2-testing-towers'].to_dict()
+  model, params, size = loading.load_model(config, path)
+  assert isinstance(model, models.VisionTransformer) and size == 32
+  _assert_trees_equal(params, files.load(path)['img'])

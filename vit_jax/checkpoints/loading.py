@@ -17,6 +17,7 @@ import numpy as np
 
 from vit_jax.checkpoints import files
 from vit_jax.checkpoints import storage
+from vit_jax.models import lit
 from vit_jax.models import posemb
 from vit_jax.models import posemb_resize
 from vit_jax.models import registry
@@ -70,6 +71,7 @@ def load_model(model_config, path, size=None, *, model=None,
   model with `posemb_grid`); `dtype='auto'` is this
   process's devices' for inference (`target.compute_dtype`).
 
+  A two-tower model's config (`LitModel`) gives its image tower.
   A task whose model takes other inputs (LiT's images and tokens, NaViT's
   packed sequences) gives its `model` and `abstract_params`: the file must
   fit them as they are (no head or table to change; NaViT's tables are
@@ -85,6 +87,8 @@ def load_model(model_config, path, size=None, *, model=None,
     raise ValueError(f'{path} is a video model '
                      f'({model_config.get("model_name")}): it takes clips, '
                      "not images; evaluate it with trainer='video'.")
+  if issubclass(cls, lit.LitModel):  # its image tower (a probe's encoder)
+    model_config, cls = dict(model_config['image']), models_vit.VisionTransformer
   found = files.read_params(path)
   config = model_config_for(found, model_config)
   if config.get('dtype') == 'auto':
