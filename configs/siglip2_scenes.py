@@ -94,9 +94,12 @@ def get_config(arm='siglip2') -> ml_collections.ConfigDict:
                    num_layers=3),
       'crops': dict(global_scale=(0.4, 1.0), local_scale=(0.05, 0.4),
                     local_size=28, num_local=8, blur_sigma=(0.1, 2.0)),
-      # NaFlex: patches per image, one drawn per batch (8x8 = the scene at
-      # 56 px, 6x6 at 42 px, 4x4 at 28 px).
-      'naflex_budgets': (16, 36, 64) if naflex else (),
+      # NaFlex: patches per image, one drawn per batch (64: the scene at
+      # 56 px as 8x8), each image's width stretched by a factor drawn
+      # log-uniformly from `naflex_aspects`, so that a batch holds images
+      # of other aspects and lengths, padded to the budget.
+      'naflex_budgets': (16, 32, 48, 64) if naflex else (),
+      'naflex_aspects': (0.5, 2.0),
   })
   # The sigmoid loss chunked over the devices; False: all-gathered.
   config.siglip_chunked = True

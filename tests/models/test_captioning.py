@@ -81,6 +81,29 @@ def test_decoder_masks_as_said(connector):
     np.testing.assert_allclose(a[1, :2], b[1, :2], atol=1e-6)
 
 
+def test_memory_mask_hides_the_padding():
+  """NaFlex's padded memory: with `memory_mask`, what the padding holds
+  changes no logit, and the logits are those of the real tokens alone."""
+  decoder = captioning.TextDecoder(vocab_size=VOCAB, width=16, num_layers=2,
+                                   num_heads=2, mlp_dim=32, max_len=4)
+  rng = np.random.default_rng(0)
+  memory = rng.normal(size=(2, 6, 16)).astype(np.float32)
+  real = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
+  tokens = jnp.array([[BOS, 3, 4, 3]] * 2)
+  params = decoder.init(jax.random.key(0), tokens, memory=memory)['params']
+  params['head']['kernel'] = jnp.asarray(rng.normal(
+      size=params['head']['kernel'].shape), jnp.float32)
+  apply = lambda m, mask=None: decoder.apply(
+      {'params': params}, tokens, memory=m, memory_mask=mask)
+  noisy = np.where(real[..., None], memory, 5 * rng.normal(size=memory.shape))
+  a, b = apply(memory, real), apply(noisy.astype(np.float32), real)
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  for row, n in enumerate(real.sum(1)):
+    alone = apply(memory[row:row + 1, :n])
+    np.testing.assert_allclose(a[row], alone[0], rtol=1e-5, atol=1e-6)
+  assert np.abs(apply(noisy.astype(np.float32)) - a).max() > 1e-3
+
+
 def test_log_likelihood_against_numpy():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 4, VOCAB)).astype(np.float32)

@@ -15,6 +15,7 @@ from vit_jax.checkpoints import record
 from vit_jax.checkpoints import files
 from vit_jax.configs import siglip2_scenes
 from vit_jax.data import locca
+from vit_jax.data import packing
 from vit_jax.models import lit
 from vit_jax.tasks import siglip2
 
@@ -75,19 +76,27 @@ def test_the_export_is_the_recipes_towers(dirs, tmp_path, arm):
 
 
 def test_naflex_batches_take_the_steps_budget(dirs, tmp_path):
+  """Each step one budget; each image stretched by its drawn aspect, then
+  at its `naflex_grid` within the budget, padded."""
   config = siglip2_common.small_config('siglip2_naflex', dirs)
   task = launch.make_task(config, str(tmp_path))
   budgets = config.siglip2.naflex_budgets
   batches = task.batches(batch_size=8, rows=None, start_step=5)
-  seen = set()
+  seen, lengths = set(), set()
   for step, batch in zip(range(5, 11), batches):
     n = locca.naflex_budget(config.seed, step, budgets)
-    side = int(np.sqrt(n))  # square scenes: the whole n-patch grid
+    stretch = locca.naflex_aspects(config.seed, step, 8,
+                                   config.siglip2.naflex_aspects)
     assert batch['patches'].shape == (8, n, 7 * 7 * 3)
-    assert (batch['heights'] == side).all() and (batch['segment_ids'] == 1
-                                                 ).all()
+    for row, factor in enumerate(stretch):
+      grid = packing.naflex_grid(56, round(56 * factor), 7, n)
+      real = batch['segment_ids'][row] == 1
+      assert real.sum() == grid[0] * grid[1] and real[:real.sum()].all()
+      assert (batch['heights'][row][real] == grid[0]).all()
+      assert (batch['widths'][row][real] == grid[1]).all()
+      lengths.add(int(real.sum()))
     seen.add(n)
-  assert len(seen) > 1
+  assert len(seen) > 1 and len(lengths) > len(seen)  # lengths mix in a batch
 
 
 @pytest.mark.parametrize('arm,settings,match', [
@@ -95,7 +104,7 @@ def test_naflex_batches_take_the_steps_budget(dirs, tmp_path):
     ('siglip2', dict(ssl_start=1.0), 'ssl_start'),
     ('siglip2', dict(tips_weight=-1.), 'tips_weight'),
     ('siglip2_naflex', dict(silc_weight=1.), 'SILC and TIPS train the fixed'),
-    ('siglip2_naflex', dict(naflex_budgets=(16, 30)), r'\(30,\)'),
+    ('siglip2_naflex', dict(naflex_aspects=(2., 0.5)), 'naflex_aspects'),
 ])
 def test_bad_settings_are_refused(arm, settings, match):
   config = siglip2_scenes.get_config(arm).unlock()

@@ -186,12 +186,27 @@ def naflex_budget(seed: int, step: int, budgets) -> int:
   return int(budgets[rng.integers(len(budgets))])
 
 
-def naflex_batch(pixels, budget: int, patch: int, pp) -> dict:
+def naflex_aspects(seed: int, step: int, batch_size: int, aspects):
+  """The width / height stretch of each image of training step `step`,
+  log-uniform in `aspects` (low, high), drawn from (seed, step)."""
+  low, high = aspects
+  rng = np.random.default_rng([seed, step, 3])
+  return np.exp(rng.uniform(np.log(low), np.log(high), batch_size))
+
+
+def naflex_batch(pixels, budget: int, patch: int, pp, stretch=None) -> dict:
   """uint8 NHWC images -> NaViT's batch (one image a sequence, padded to
-  `budget` tokens), each at its `naflex_grid`, aspect ratio kept."""
-  examples = [[packing.naflex_example(
-      image, 0, patch, budget, mean=pp.get('mean'), std=pp.get('std'))]
-               for image in pixels]
+  `budget` tokens), each at its `naflex_grid`, aspect ratio kept; with
+  `stretch` (one a image) its width stretched first, as an image of that
+  aspect: the scenes' boxes, captions and phrases stay true."""
+  stretch = np.ones(len(pixels)) if stretch is None else stretch
+  examples = []
+  for image, factor in zip(pixels, stretch):
+    height, width = image.shape[:2]
+    grid = packing.naflex_grid(height, max(1, round(width * factor)), patch,
+                               budget)
+    examples.append([packing.example(image, 0, *grid, patch,
+                                     mean=pp.get('mean'), std=pp.get('std'))])
   batch = packing.pack(examples, budget, 1, patch * patch * pixels.shape[-1])
   del batch['labels']
   return batch
@@ -242,8 +257,11 @@ def train_iterator(config, tokenizer, *, batch_size, start_step=0,
     batch = texts(batch)
     if naflex:
       budget = naflex_budget(config.seed, step, s.naflex_budgets)
+      stretch = naflex_aspects(config.seed, step, batch_size,
+                               s.naflex_aspects)
       batch.update(naflex_batch(batch.pop('pixels'), budget, patch,
-                                config.pp))
+                                config.pp,
+                                stretch if rows is None else stretch[rows]))
     yield batch
 
 

@@ -86,14 +86,15 @@ class DecoderBlock(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, memory, mask, cache_len=None, index=None):
+  def __call__(self, x, memory, mask, cache_len=None, index=None,
+               memory_mask=None):
     y = nn.LayerNorm(name='LayerNorm1')(x)
     x = x + Attention(self.num_heads, self.dtype, name='SelfAttn')(
         y, y, mask, cache_len=cache_len, index=index)
     if memory is not None:
       y = nn.LayerNorm(name='LayerNorm2')(x)
       x = x + Attention(self.num_heads, self.dtype, name='CrossAttn')(
-          y, memory, None)
+          y, memory, None if memory_mask is None else memory_mask[:, None])
     y = nn.LayerNorm(name='LayerNorm3')(x)
     return x + layers.MlpBlock(self.mlp_dim, dropout_rate=0.,
                                dtype=self.dtype, name='MLP')(
@@ -120,10 +121,12 @@ class TextDecoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, *, memory=None, prefix=None, parallel=None,
-               cache_len=None):
+               cache_len=None, memory_mask=None):
     """Logits (batch, tokens, vocab_size) of the text positions.
 
-    memory: tokens to cross-attend to; prefix: (batch, P, width) inputs
+    memory: tokens to cross-attend to; memory_mask: (batch, M) bools, the
+    memory tokens that are real (NaFlex's padding is not attended to);
+    prefix: (batch, P, width) inputs
     before the text (prefix-LM); parallel: (batch,) booleans, examples
     whose text attends to all of itself; cache_len: decode with a cache.
     """
@@ -156,7 +159,7 @@ class TextDecoder(nn.Module):
     block = nn.remat(DecoderBlock) if remat else DecoderBlock
     for i in range(self.num_layers):
       x = block(self.num_heads, self.mlp_dim, dtype, name=f'block{i}')(
-          x, memory, mask, cache_len, start)
+          x, memory, mask, cache_len, start, memory_mask)
     x = nn.LayerNorm(name='LayerNorm')(x[:, n_prefix:])
     return nn.Dense(self.vocab_size, kernel_init=nn.initializers.zeros,
                     dtype=dtype, name='head')(x).astype(jnp.float32)

@@ -136,10 +136,12 @@ class RecipeModel(nn.Module):
     """The decoder's memory: the image tower's patch tokens."""
     return self.image_features(images, train=train)[1]
 
-  def logits(self, memory, tokens, *, parallel=None, cache_len=None):
-    """The decoder's logits, as `Captioner.logits`'s."""
+  def logits(self, memory, tokens, *, parallel=None, cache_len=None,
+             memory_mask=None):
+    """The decoder's logits, as `Captioner.logits`'s; `memory_mask` (B, N)
+    the real tokens of a NaFlex memory."""
     return self.text_decoder(tokens, memory=memory, parallel=parallel,
-                             cache_len=cache_len)
+                             cache_len=cache_len, memory_mask=memory_mask)
 
   def silc_scores(self, pooled):
     return self.silc(pooled)

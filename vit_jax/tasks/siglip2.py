@@ -20,8 +20,10 @@ their initial values, so at the switch the teacher starts from the student
 and the heads from their random init, as the paper's.
 
 The image tower is a ViT, or with `config.model.naflex` a NaViT fed one
-image a sequence at a patch budget drawn per step from `naflex_budgets`
-(NaFlex); SILC and TIPS need the ViT.
+image a sequence at a patch budget drawn per step from `naflex_budgets`,
+each image's width stretched by a factor in `naflex_aspects` (NaFlex: the
+padding masked in the tower and in the decoder's cross-attention); SILC and
+TIPS need the ViT.
 
 State: 'student' (the model: trained), and with self-distillation
 'teacher' (image tower and heads), 'center', 'tips_center' (frozen labels:
@@ -83,13 +85,10 @@ def check_settings(config):
   if config.model.naflex and not s.naflex_budgets:
     raise ValueError('config.model.naflex needs config.siglip2.'
                      'naflex_budgets (patches per image).')
-  odd = [n for n in s.naflex_budgets if round(n**0.5)**2 != n]
-  if config.model.naflex and odd:
-    # The decoder cross-attends to every token: no padding mask yet, so a
-    # square scene must fill its sequence.
-    raise ValueError(f'config.siglip2.naflex_budgets={tuple(odd)}: the '
-                     'square scenes fill only square budgets (4x4=16, 36, '
-                     '64...), and the decoder has no padding mask yet.')
+  low, high = s.get('naflex_aspects') or (1., 1.)
+  if config.model.naflex and not 0 < low <= high:
+    raise ValueError(f'config.siglip2.naflex_aspects={(low, high)}: a range '
+                     '0 < low <= high of width / height stretches.')
   if config.accum_steps > 1 and ssl_on(config):
     raise ValueError("Self-distillation takes accum_steps=1: the teacher's "
                      'average follows every optimizer update.')
@@ -213,7 +212,11 @@ def train_step(state, batch, rng, *, model, config, mesh):
     total = terms['sigmoid_loss']
     if has_decoder:
       memory = jnp.concatenate([tokens] * n)
-      logits = apply(memory, inputs, parallel=parallel, method='logits')
+      real = None
+      if 'segment_ids' in batch:  # NaFlex: padding is not attended to
+        real = jnp.concatenate([batch['segment_ids'] > 0] * n)
+      logits = apply(memory, inputs, parallel=parallel, memory_mask=real,
+                     method='logits')
       terms['decoder_loss'] = decoder_loss(logits, dec_targets, dec_weights)
       total += s.decoder_weight * terms['decoder_loss']
     if has_ssl:
