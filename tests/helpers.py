@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.extend
@@ -139,3 +141,61 @@ def kill_9_and_rerun(command, env, step: int) -> str:
   assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
   return subprocess.run(command, check=True, cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300).stdout
+
+
+# `python -m MODULE ARGS...` for each (MODULE, ARGS) in turn, in one process
+# (one start and import of the package and TensorFlow, not one each): each
+# run's exit code, stdout and stderr (file descriptors 1 and 2, so that
+# absl's and TensorFlow's lines would show too) and whether TensorFlow was
+# imported by then. The flags a module defines are dropped after its run,
+# as a new process would not have them.
+_CLI_RUNS = textwrap.dedent('''
+    import json, os, runpy, sys, tempfile
+    from absl import flags
+    out = []
+    for module, args in json.loads(sys.argv[1]):
+      sys.argv = [module, *args]
+      sys.stdout.flush()
+      sys.stderr.flush()
+      saved = os.dup(1), os.dup(2)
+      with tempfile.TemporaryFile('w+') as o, tempfile.TemporaryFile('w+') as e:
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
+        try:
+          runpy.run_module(module, run_name='__main__')
+          code = 0
+        except SystemExit as exit_:
+          code = exit_.code
+          if code is None:
+            code = 0
+          elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        finally:
+          sys.stdout.flush()
+          sys.stderr.flush()
+          os.dup2(saved[0], 1)
+          os.dup2(saved[1], 2)
+        o.seek(0)
+        e.seek(0)
+        out.append(dict(code=code, stdout=o.read(), stderr=e.read(),
+                        tensorflow='tensorflow' in sys.modules))
+      by_module = flags.FLAGS.flags_by_module_dict()
+      for flag in by_module.pop(module, []) + by_module.pop('__main__', []):
+        delattr(flags.FLAGS, flag.name)
+      flags.FLAGS.unparse_flags()
+    print(json.dumps(out))
+''')
+
+
+def cli_runs(commands, env=None):
+  """[{code, stdout, stderr, tensorflow}] of `python -m MODULE *ARGS` for
+  each (MODULE, ARGS) of `commands`, in order, all in one process started
+  in ROOT (`_CLI_RUNS`): for checks of command lines that need no fresh
+  process each."""
+  commands = [(module, [str(a) for a in args]) for module, args in commands]
+  result = subprocess.run(
+      [sys.executable, '-c', _CLI_RUNS, json.dumps(commands)],
+      capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout)
