@@ -147,14 +147,16 @@ def kill_9_and_rerun(command, env, step: int) -> str:
 # (one start and import of the package and TensorFlow, not one each): each
 # run's exit code, stdout and stderr (file descriptors 1 and 2, so that
 # absl's and TensorFlow's lines would show too) and whether TensorFlow was
-# imported by then. The flags a module defines are dropped after its run,
-# as a new process would not have them.
+# imported by then. The flags a run defines are dropped after it, as a new
+# process would not have them.
 _CLI_RUNS = textwrap.dedent('''
     import json, os, runpy, sys, tempfile
-    from absl import flags
+    from absl import app, flags, logging
+    app.define_help_flags()  # absl's own flags stay
     out = []
     for module, args in json.loads(sys.argv[1]):
       sys.argv = [module, *args]
+      defined = set(flags.FLAGS)
       sys.stdout.flush()
       sys.stderr.flush()
       saved = os.dup(1), os.dup(2)
@@ -180,9 +182,8 @@ _CLI_RUNS = textwrap.dedent('''
         e.seek(0)
         out.append(dict(code=code, stdout=o.read(), stderr=e.read(),
                         tensorflow='tensorflow' in sys.modules))
-      by_module = flags.FLAGS.flags_by_module_dict()
-      for flag in by_module.pop(module, []) + by_module.pop('__main__', []):
-        delattr(flags.FLAGS, flag.name)
+      for name in set(flags.FLAGS) - defined:
+        delattr(flags.FLAGS, name)
       flags.FLAGS.unparse_flags()
     print(json.dumps(out))
 ''')
