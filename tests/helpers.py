@@ -153,8 +153,11 @@ _CLI_RUNS = textwrap.dedent('''
     import json, os, runpy, sys, tempfile
     from absl import app, flags, logging
     app.define_help_flags()  # absl's own flags stay
+    root = os.getcwd()
+    sys.path.insert(0, root)
     out = []
-    for module, args in json.loads(sys.argv[1]):
+    for module, args, cwd in json.loads(sys.argv[1]):
+      os.chdir(cwd or root)
       sys.argv = [module, *args]
       defined = set(flags.FLAGS)
       sys.stdout.flush()
@@ -182,6 +185,7 @@ _CLI_RUNS = textwrap.dedent('''
         e.seek(0)
         out.append(dict(code=code, stdout=o.read(), stderr=e.read(),
                         tensorflow='tensorflow' in sys.modules))
+      os.chdir(root)
       for name in set(flags.FLAGS) - defined:
         delattr(flags.FLAGS, name)
       flags.FLAGS.unparse_flags()
@@ -191,10 +195,11 @@ _CLI_RUNS = textwrap.dedent('''
 
 def cli_runs(commands, env=None):
   """[{code, stdout, stderr, tensorflow}] of `python -m MODULE *ARGS` for
-  each (MODULE, ARGS) of `commands`, in order, all in one process started
-  in ROOT (`_CLI_RUNS`): for checks of command lines that need no fresh
-  process each."""
-  commands = [(module, [str(a) for a in args]) for module, args in commands]
+  each (MODULE, ARGS) or (MODULE, ARGS, CWD) of `commands` (CWD default
+  ROOT), in order, all in one process (`_CLI_RUNS`): for checks of command
+  lines that need no fresh process each."""
+  commands = [(c[0], [str(a) for a in c[1]], str(c[2]) if c[2:] else None)
+              for c in commands]
   result = subprocess.run(
       [sys.executable, '-c', _CLI_RUNS, json.dumps(commands)],
       capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
