@@ -6,6 +6,7 @@ shapes, since initializing costs more than applying on CPU. References:
 numpy code written from the papers' equations, independent of `vit_jax`.
 """
 
+import ast
 import json
 import os
 import signal
@@ -205,3 +206,36 @@ def cli_runs(commands, env=None):
       capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout)
+
+
+def _flag_value(text):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a path
+
+
+def run_here(argv, get_config=None, devices=None):
+  """`python -m vit_jax.main`'s run of `argv` (its `--workdir=` and
+  `--config.KEY=VALUE` flags over `get_config`'s config, default
+  configs/default.py's), in this process, as main runs it: settled by
+  `run_config`, checked, trained on `devices` (default all)."""
+  # pylint: disable=g-import-not-at-top
+  from vit_jax import launch
+  from vit_jax import run_config
+  from vit_jax.configs import default
+  from vit_jax.platform import sharding
+  # pylint: enable=g-import-not-at-top
+  argv, held = run_config.held_model_flags(argv)
+  given = dict(a[len('--config.'):].split('=', 1) for a in argv
+               if a.startswith('--config.'))
+  given = {k: _flag_value(v) for k, v in given.items()}
+  workdir = next(a.split('=', 1)[1] for a in argv
+                 if a.startswith('--workdir='))
+  config = (get_config or default.get_config)()
+  config.update_from_flattened_dict(given)
+  config.lock()
+  config = run_config.resolve(config, given, held)
+  mesh = launch.check(config, devices and sharding.make_mesh(config.mesh,
+                                                             devices))
+  return launch.train_and_evaluate(config, workdir, mesh=mesh)

@@ -10,8 +10,6 @@ which has 8 CPU devices: the same command's config and code path as
 `vit_jax.main`, without a process start and its compiles.
 """
 
-import ast
-
 import json
 import os
 import signal
@@ -26,8 +24,6 @@ import pytest
 from tests import helpers
 from tests.conftest import FAST_COMPILE
 from tests.conftest import interrupt_at
-from vit_jax import launch
-from vit_jax import run_config
 from vit_jax.configs import default
 from vit_jax.configs import siglip_fmnist
 from vit_jax.data import captions
@@ -99,27 +95,10 @@ def _run(workdir, fmnist_dirs, num_processes):
   assert codes == [0] * num_processes, _log(workdir)
 
 
-def _value(text):
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text  # a path
-
-
 def _run_here(workdir, fmnist_dirs, command=None, get_config=None):
   """`command`'s run (1 process, 8 devices) in this process, as
-  `vit_jax.main` runs it: its `--config.KEY=VALUE` flags over the config
-  file's `get_config`, settled by `run_config`, checked, trained."""
-  argv = (command or _command)(workdir, fmnist_dirs)
-  argv, held = run_config.held_model_flags(argv)
-  given = dict(a[len('--config.'):].split('=', 1) for a in argv
-               if a.startswith('--config.'))
-  given = {k: _value(v) for k, v in given.items()}
-  config = (get_config or default.get_config)()
-  config.update_from_flattened_dict(given)
-  config.lock()
-  config = run_config.resolve(config, given, held)
-  launch.train_and_evaluate(config, str(workdir), mesh=launch.check(config))
+  `vit_jax.main` runs it (`helpers.run_here`)."""
+  helpers.run_here((command or _command)(workdir, fmnist_dirs), get_config)
 
 
 def _signal_when(procs, workdir, line, target, sig):
