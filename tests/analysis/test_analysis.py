@@ -19,6 +19,8 @@ from vit_jax.analysis import paper_figures
 from vit_jax.convert import transform
 
 ROOT = helpers.ROOT
+# One worker runs the tests of `cli`'s process, so that it starts once.
+pytestmark = pytest.mark.xdist_group('analysis_cli')
 
 
 def _testing_model(**kw):

@@ -28,6 +28,8 @@ from vit_jax.convert import preset_inference
 from vit_jax.convert import transform
 
 DATA = helpers.DATA
+# One worker runs the tests of `cli`'s process, so that it starts once.
+pytestmark = pytest.mark.xdist_group('convert_cli')
 GOLDEN = np.load(os.path.join(DATA, 'timm_logits.npz'))
 
 

@@ -13,6 +13,9 @@ from vit_jax.data import pipeline
 from vit_jax.platform import tf_startup
 
 ROOT = helpers.ROOT
+# One worker runs the tests of `cli_results`' process, so that it starts
+# once.
+pytestmark = pytest.mark.xdist_group('cli')
 
 
 # oneDNN's custom ops on, as AVX-512 CPUs have them by default: TensorFlow's

@@ -27,6 +27,8 @@ from vit_jax.convert import transform
 ROOT = helpers.ROOT
 DATA = helpers.DATA
 IMAGE, GOLDEN, RECORD = helpers.predict_golden()
+# One worker runs the tests of `cli`'s process, so that it starts once.
+pytestmark = pytest.mark.xdist_group('predict_cli')
 SQUASH_FLAGS = ['--crop_mode=squash', '--crop_pct=1', '--interpolation=bilinear',
                 '--mean=0.5', '--std=0.5']
 

@@ -31,6 +31,8 @@ PLAN_RUNS = {
                 '--topology=v5e:2x2'],
 }
 NEED_LIBTPU = ('testing', 'v5e:3x7', 'lit', 'too big')
+# One worker runs the tests of `plan_runs`' process, so that it starts once.
+plan_cli = pytest.mark.xdist_group('plan_cli')
 
 
 @pytest.fixture(scope='module')
@@ -54,6 +56,7 @@ def _figure(text, label):
 
 
 @needs_libtpu
+@plan_cli
 def test_plan_of_the_testing_preset_on_v5e(plan_runs):
   code, out, stderr = plan_runs['testing']
   assert code == 0, stderr[-3000:]
@@ -74,6 +77,7 @@ def test_plan_of_the_testing_preset_on_v5e(plan_runs):
     ('v5e', "--topology='v5e'; expected GENERATION:SHAPE"),
     ('v5e:3x7', 'libtpu refuses --topology=v5e:3x7: '),
 ])
+@plan_cli
 def test_bad_topology_is_one_line(plan_runs, topology, message):
   if 'libtpu' in message and not HAS_LIBTPU:
     pytest.skip('libtpu judges the shape')
@@ -89,6 +93,7 @@ def test_bad_topology_is_one_line(plan_runs, topology, message):
     ('too big', "The step does not fit TPU v5e's 16 GiB: RESOURCE_EXHAUSTED: "),
 ])
 @needs_libtpu
+@plan_cli
 def test_step_plan_cannot_build_is_one_line(plan_runs, name, message):
   code, stdout, stderr = plan_runs[name]
   assert code == 1
