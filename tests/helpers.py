@@ -220,6 +220,8 @@ def run_here(argv, get_config=None, devices=None):
   `--config.KEY=VALUE` flags over `get_config`'s config, default
   configs/default.py's), in this process, as main runs it: settled by
   `run_config`, checked, trained on `devices` (default all)."""
+  # Here, not above: the models' tests import this module without the
+  # training and data stack.
   # pylint: disable=g-import-not-at-top
   from vit_jax import launch
   from vit_jax import run_config
