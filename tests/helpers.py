@@ -6,10 +6,13 @@ shapes, since initializing costs more than applying on CPU. References:
 numpy code written from the papers' equations, independent of `vit_jax`.
 """
 
+import ast
 import json
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.extend
@@ -139,3 +142,102 @@ def kill_9_and_rerun(command, env, step: int) -> str:
   assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
   return subprocess.run(command, check=True, cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300).stdout
+
+
+# `python -m MODULE ARGS...` for each (MODULE, ARGS) in turn, in one process
+# (one start and import of the package and TensorFlow, not one each): each
+# run's exit code, stdout and stderr (file descriptors 1 and 2, so that
+# absl's and TensorFlow's lines would show too) and whether TensorFlow was
+# imported by then. The flags a run defines are dropped after it, as a new
+# process would not have them.
+_CLI_RUNS = textwrap.dedent('''
+    import json, os, runpy, sys, tempfile
+    from absl import app, flags, logging
+    app.define_help_flags()  # absl's own flags stay
+    root = os.getcwd()
+    sys.path.insert(0, root)
+    out = []
+    for module, args, cwd in json.loads(sys.argv[1]):
+      os.chdir(cwd or root)
+      sys.argv = [module, *args]
+      defined = set(flags.FLAGS)
+      sys.stdout.flush()
+      sys.stderr.flush()
+      saved = os.dup(1), os.dup(2)
+      with tempfile.TemporaryFile('w+') as o, tempfile.TemporaryFile('w+') as e:
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
+        try:
+          runpy.run_module(module, run_name='__main__')
+          code = 0
+        except SystemExit as exit_:
+          code = exit_.code
+          if code is None:
+            code = 0
+          elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        finally:
+          sys.stdout.flush()
+          sys.stderr.flush()
+          os.dup2(saved[0], 1)
+          os.dup2(saved[1], 2)
+        o.seek(0)
+        e.seek(0)
+        out.append(dict(code=code, stdout=o.read(), stderr=e.read(),
+                        tensorflow='tensorflow' in sys.modules))
+      os.chdir(root)
+      for name in set(flags.FLAGS) - defined:
+        delattr(flags.FLAGS, name)
+      flags.FLAGS.unparse_flags()
+    print(json.dumps(out))
+''')
+
+
+def cli_runs(commands, env=None):
+  """[{code, stdout, stderr, tensorflow}] of `python -m MODULE *ARGS` for
+  each (MODULE, ARGS) or (MODULE, ARGS, CWD) of `commands` (CWD default
+  ROOT), in order, all in one process (`_CLI_RUNS`): for checks of command
+  lines that need no fresh process each."""
+  commands = [(c[0], [str(a) for a in c[1]], str(c[2]) if c[2:] else None)
+              for c in commands]
+  result = subprocess.run(
+      [sys.executable, '-c', _CLI_RUNS, json.dumps(commands)],
+      capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout)
+
+
+def _flag_value(text):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a path
+
+
+def run_here(argv, get_config=None, devices=None):
+  """`python -m vit_jax.main`'s run of `argv` (its `--workdir=` and
+  `--config.KEY=VALUE` flags over `get_config`'s config, default
+  configs/default.py's), in this process, as main runs it: settled by
+  `run_config`, checked, trained on `devices` (default all)."""
+  # Here, not above: the models' tests import this module without the
+  # training and data stack.
+  # pylint: disable=g-import-not-at-top
+  from vit_jax import launch
+  from vit_jax import run_config
+  from vit_jax.configs import default
+  from vit_jax.platform import sharding
+  # pylint: enable=g-import-not-at-top
+  argv, held = run_config.held_model_flags(argv)
+  given = dict(a[len('--config.'):].split('=', 1) for a in argv
+               if a.startswith('--config.'))
+  given = {k: _flag_value(v) for k, v in given.items()}
+  workdir = next(a.split('=', 1)[1] for a in argv
+                 if a.startswith('--workdir='))
+  config = (get_config or default.get_config)()
+  config.update_from_flattened_dict(given)
+  config.lock()
+  config = run_config.resolve(config, given, held)
+  mesh = launch.check(config, devices and sharding.make_mesh(config.mesh,
+                                                             devices))
+  return launch.train_and_evaluate(config, workdir, mesh=mesh)

@@ -19,6 +19,8 @@ from vit_jax.analysis import paper_figures
 from vit_jax.convert import transform
 
 ROOT = helpers.ROOT
+# One worker runs the tests of `cli`'s process, so that it starts once.
+pytestmark = pytest.mark.xdist_group('analysis_cli')
 
 
 def _testing_model(**kw):
@@ -441,20 +443,51 @@ def test_figures_module_keeps_the_callers_backend():
   assert out.stdout.strip() == 'svg'
 
 
-def test_command_line(tmp_path):
-  model, params, _ = _testing_model()
-  files.save(params, tmp_path / 'testing.npz')
-  # A backend that cannot load: the command must choose its own (Agg).
+@pytest.fixture(scope='module')
+def cli(tmp_path_factory):
+  """{name: (exit code, stdout, stderr, its folder)} of the command lines
+  below, in one process (`helpers.cli_runs`) whose matplotlib backend
+  cannot load: the command must choose its own (Agg)."""
+  dirs = {name: tmp_path_factory.mktemp(name)
+          for name in ('testing', 'unpooled', 'prepared')}
+  _, params, _ = _testing_model()
+  for name in ('testing', 'prepared'):
+    files.save(params, dirs[name] / 'testing.npz')
+  transform.save_transform(dirs['prepared'] / 'testing.npz', {
+      'input_size': [3, 32, 32], 'crop_pct': 0.5, 'interpolation': 'bicubic',
+      'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]})
+  model = models.get_model('testing-unpooled', num_classes=3)
+  params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
+                                 train=False)
+  files.save(params, dirs['unpooled'] / 'unpooled.npz')
+  analysis = lambda name, npz, *args: ('vit_jax.analysis', [
+      f'--model_name={name}', f'--checkpoint={dirs[npz[0]] / npz[1]}',
+      f'--out={dirs[npz[0]]}', *args])
+  runs = {
+      'testing': analysis('testing', ('testing', 'testing.npz'),
+                          '--num_images=3'),
+      'nope': analysis('nope', ('testing', 'testing.npz')),
+      'unpooled': analysis('testing-unpooled', ('unpooled', 'unpooled.npz'),
+                           '--num_images=2'),
+      'prepared': analysis('testing', ('prepared', 'testing.npz'),
+                           '--crop_pct=0.8',
+                           os.path.join(ROOT, 'tests/data/predict_image.jpg')),
+  }
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu',
              MPLBACKEND='module://no_such_backend')
-  out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.analysis', '--model_name=testing',
-       f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}',
-       '--num_images=3'], capture_output=True, text=True, env=env, check=True)
-  assert '3 Gaussian noise images' in out.stdout
+  results = helpers.cli_runs(runs.values(), env=env)
+  return {name: (r['code'], r['stdout'], r['stderr'],
+                 dirs['testing' if name == 'nope' else name])
+          for name, r in zip(runs, results)}
+
+
+def test_command_line(cli):
+  code, stdout, stderr, tmp_path = cli['testing']
+  assert code == 0, stderr
+  assert '3 Gaussian noise images' in stdout
   # Layers from 1, as in the figure; the testing model has one.
-  assert 'layer 1: mean attention distance' in out.stdout
-  assert 'layer 0' not in out.stdout and 'layer 2' not in out.stdout
+  assert 'layer 1: mean attention distance' in stdout
+  assert 'layer 0' not in stdout and 'layer 2' not in stdout
   with open(tmp_path / 'analysis.json') as f:
     summary = json.load(f)
   assert summary['patch_pixels'] == [16, 16]
@@ -463,45 +496,25 @@ def test_command_line(tmp_path):
   assert 'class_token_attention.png' in summary['figures']
   assert os.path.exists(tmp_path / 'class_token_attention.png')
   assert 'skipped' not in summary
-  bad = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.analysis', '--model_name=nope',
-       f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}'],
-      capture_output=True, text=True, env=env)
-  assert bad.returncode != 0 and "Unknown model preset 'nope'" in bad.stderr
+  code, _, stderr, _ = cli['nope']
+  assert code != 0 and "Unknown model preset 'nope'" in stderr
 
 
-def test_command_line_skips_class_token_attention_with_a_note(tmp_path):
-  model = models.get_model('testing-unpooled', num_classes=3)
-  params = helpers.random_params(model, np.zeros((1, 32, 32, 3)),
-                                 train=False)
-  files.save(params, tmp_path / 'unpooled.npz')
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-  out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.analysis',
-       '--model_name=testing-unpooled',
-       f'--checkpoint={tmp_path / "unpooled.npz"}', f'--out={tmp_path}',
-       '--num_images=2'], capture_output=True, text=True, env=env, check=True)
+def test_command_line_skips_class_token_attention_with_a_note(cli):
+  code, stdout, stderr, tmp_path = cli['unpooled']
+  assert code == 0, stderr
   assert ("No class_token_attention.png: The 'unpooled' classifier has no "
-          'class token') in out.stdout
+          'class token') in stdout
   assert os.path.exists(tmp_path / 'rollout.png')
   assert not os.path.exists(tmp_path / 'class_token_attention.png')
 
 
-def test_command_line_prepares_images_as_predict(tmp_path):
+def test_command_line_prepares_images_as_predict(cli):
   """Image files go through the checkpoint's recorded transform and the
   flags, as in `predict`, and the choice is said on stderr."""
-  _, params, _ = _testing_model()
-  files.save(params, tmp_path / 'testing.npz')
-  transform.save_transform(tmp_path / 'testing.npz', {
-      'input_size': [3, 32, 32], 'crop_pct': 0.5, 'interpolation': 'bicubic',
-      'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]})
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
-  out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.analysis', '--model_name=testing',
-       f'--checkpoint={tmp_path / "testing.npz"}', f'--out={tmp_path}',
-       '--crop_pct=0.8', os.path.join(ROOT, 'tests/data/predict_image.jpg')],
-      capture_output=True, text=True, env=env, check=True)
-  assert 'the 1 image files given' in out.stdout
+  code, stdout, stderr, _ = cli['prepared']
+  assert code == 0, stderr
+  assert 'the 1 image files given' in stdout
   assert ('Preprocessing: resize short side to 40 (bicubic), center crop 32, '
-          'mean (0.485, 0.456, 0.406)') in out.stderr
-  assert '[from testing.transform.json; --crop_pct given]' in out.stderr
+          'mean (0.485, 0.456, 0.406)') in stderr
+  assert '[from testing.transform.json; --crop_pct given]' in stderr

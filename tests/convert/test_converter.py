@@ -29,7 +29,8 @@ from vit_jax.convert import preset_inference
 from vit_jax.convert import transform
 
 DATA = helpers.DATA
-ROOT = helpers.ROOT
+# One worker runs the tests of `cli`'s process, so that it starts once.
+pytestmark = pytest.mark.xdist_group('convert_cli')
 GOLDEN = np.load(os.path.join(DATA, 'timm_logits.npz'))
 
 
@@ -106,15 +107,12 @@ def test_npz_to_timm_round_trip(tmp_path, name):
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def test_command_line_and_errors(tmp_path):
-  result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.convert',
-       os.path.join(DATA, 'timm_vit.safetensors'), str(tmp_path / 'v.npz')],
-      capture_output=True, text=True, timeout=300, cwd=ROOT)
-  assert result.returncode == 0, result.stderr
-  assert '(testing)' in result.stdout
+def test_command_line_and_errors(cli, tmp_path):
+  code, stdout, stderr, folder = cli['good']
+  assert code == 0, stderr
+  assert '(testing)' in stdout
   assert 'Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/' \
-         'kernel' in np.load(tmp_path / 'v.npz').files
+         'kernel' in np.load(folder / 'v.npz').files
   with pytest.raises(ValueError, match='expected a .safetensors'):
     convert.read_timm(str(tmp_path / 'v.npz.txt'))
   state = load_file(os.path.join(DATA, 'timm_vit.safetensors'))
@@ -140,7 +138,7 @@ def test_hub_name_fails_fast_offline(monkeypatch):
     convert.convert('timm/vit_base_patch16_224.augreg_in21k', 'x.npz')
 
 
-@pytest.mark.parametrize('src,dst,message', [
+CLI_ERRORS = [
     # The README's command, offline.
     ('timm/vit_base_patch16_224.augreg2_in21k_ft_in1k', 'ViT-B_16.npz',
      'Error: Cannot reach huggingface.co to fetch timm/vit_base_patch16_224.'
@@ -151,17 +149,42 @@ def test_hub_name_fails_fast_offline(monkeypatch):
      'Error: nodir/v.npz: the folder '),
     (os.path.join(DATA, 'timm_vit.safetensors'), 'v.safetensors',
      'Error: v.safetensors: converting '),
-])
-def test_command_line_errors_are_one_line(tmp_path, src, dst, message):
-  (tmp_path / 'corrupt.safetensors').write_bytes(b'not safetensors at all')
-  result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.convert', src, dst],
-      capture_output=True, text=True, timeout=300, cwd=tmp_path,
-      env=dict(os.environ, HF_HUB_OFFLINE='1', TF_ENABLE_ONEDNN_OPTS='1'))
-  assert result.returncode == 1
-  lines = result.stderr.splitlines()
-  assert len(lines) == 1 and lines[0].startswith(message), result.stderr
-  assert os.listdir(tmp_path) == ['corrupt.safetensors']
+]
+
+
+@pytest.fixture(scope='module')
+def cli(tmp_path_factory):
+  """{name: (exit code, stdout, stderr, its folder)} of convert's command
+  lines, all in one process (`helpers.cli_runs`), offline: the good one
+  ('good', into its folder), each of CLI_ERRORS in a folder of its own
+  that holds a corrupt.safetensors (named by its destination), and the
+  refusal of timm's qk_norm ('refused')."""
+  runs, folders = {}, {}
+  folders['good'] = tmp_path_factory.mktemp('good')
+  runs['good'] = ('vit_jax.convert', [
+      os.path.join(DATA, 'timm_vit.safetensors'), folders['good'] / 'v.npz'])
+  for src, dst, _ in CLI_ERRORS:
+    folders[dst] = tmp_path_factory.mktemp('error')
+    (folders[dst] / 'corrupt.safetensors').write_bytes(
+        b'not safetensors at all')
+    runs[dst] = ('vit_jax.convert', [src, dst], folders[dst])
+  folders['refused'] = tmp_path_factory.mktemp('refused')
+  runs['refused'] = ('vit_jax.convert', [
+      os.path.join(HF, 'qk_norm'), folders['refused'] / 'v.npz'])
+  results = helpers.cli_runs(runs.values(), env=dict(
+      os.environ, HF_HUB_OFFLINE='1', TF_ENABLE_ONEDNN_OPTS='1'))
+  return {name: (r['code'], r['stdout'], r['stderr'], folders[name])
+          for name, r in zip(runs, results)}
+
+
+@pytest.mark.parametrize('src,dst,message', CLI_ERRORS)
+def test_command_line_errors_are_one_line(cli, src, dst, message):
+  del src  # the run's, in `cli`
+  code, _, stderr, folder = cli[dst]
+  assert code == 1
+  lines = stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith(message), stderr
+  assert os.listdir(folder) == ['corrupt.safetensors']
 
 
 def test_what_timm_cannot_hold_is_refused(tmp_path):
@@ -430,18 +453,15 @@ def test_bin_needs_no_torch(monkeypatch, capfd):
   assert '1 position_ids buffer(s) dropped' in capfd.readouterr().err
 
 
-def test_refusal_on_the_command_line(tmp_path):
+def test_refusal_on_the_command_line(cli):
   """One 'Error:' line, no traceback, nothing written."""
-  dst = tmp_path / 'v.npz'
-  result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.convert', os.path.join(HF, 'qk_norm'),
-       str(dst)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-  assert result.returncode == 1
-  lines = [l for l in result.stderr.splitlines() if l.startswith('Error:')]
-  assert lines == [l for l in result.stderr.splitlines()
+  code, _, stderr, folder = cli['refused']
+  assert code == 1
+  lines = [l for l in stderr.splitlines() if l.startswith('Error:')]
+  assert lines == [l for l in stderr.splitlines()
                    if 'Traceback' in l or l.startswith('Error:')]
   assert lines[0].startswith('Error: timm setting qk_norm=True')
-  assert not dst.exists()
+  assert not (folder / 'v.npz').exists()
 
 
 # DeiT: timm's deit_tiny_patch16_224 and its distilled twin at the

@@ -1,6 +1,5 @@
 """Errors a user can fix read as a line or two, with the closest names."""
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,9 @@ from vit_jax.data import pipeline
 from vit_jax.platform import tf_startup
 
 ROOT = helpers.ROOT
+# One worker runs the tests of `cli_results`' process, so that it starts
+# once.
+pytestmark = pytest.mark.xdist_group('cli')
 
 
 # oneDNN's custom ops on, as AVX-512 CPUs have them by default: TensorFlow's
@@ -44,59 +46,48 @@ EARLY_ERRORS = ['--config.foo=1', '--config.trainer=trian',
                 '--config.optimizer=adamx',
                 '--config.pretrained_path=missing.npz']
 
-# `python -m vit_jax.main --config=configs/default.py --workdir=W FLAG`,
-# each FLAG in turn in one process (one start and import of the package,
-# not one each): each run's exit code and stderr (its file descriptor, so
-# that absl's and TensorFlow's lines would show too), and whether
-# TensorFlow was imported by then. The flags main defines are dropped
-# after each run, as a new process would not have them.
-_MAIN_RUNS = textwrap.dedent('''
-    import json, os, runpy, sys, tempfile
-    from absl import flags
-    out = []
-    for flag, workdir in json.loads(sys.argv[1]):
-      sys.argv = ['main', '--config=configs/default.py',
-                  f'--workdir={workdir}', flag]
-      sys.stderr.flush()
-      saved = os.dup(2)
-      with tempfile.TemporaryFile('w+') as err:
-        os.dup2(err.fileno(), 2)
-        try:
-          runpy.run_module('vit_jax.main', run_name='__main__')
-          code = 0
-        except SystemExit as e:
-          code = e.code
-        finally:
-          sys.stderr.flush()
-          os.dup2(saved, 2)
-        err.seek(0)
-        out.append(dict(code=code, stderr=err.read(),
-                        tensorflow='tensorflow' in sys.modules))
-      by_module = flags.FLAGS.flags_by_module_dict()
-      for flag in by_module.pop('main', []) + by_module.pop('__main__', []):
-        delattr(flags.FLAGS, flag.name)
-      flags.FLAGS.unparse_flags()
-    print(json.dumps(out))
-''')
+# Command lines whose checks need no fresh process each: `vit_jax.models`'
+# and `vit_jax.predict`'s, after main's (those check that TensorFlow is not
+# imported yet).
+OTHER_RUNS = {
+    'unknown preset': ('vit_jax.models', ['--name=ViT-Ti16']),
+    'ViT-L_16': ('vit_jax.models', ['--name=ViT-L_16']),
+    'ViViT-B_16x2': ('vit_jax.models', ['--name=ViViT-B_16x2',
+                                        '--num_classes=400']),
+}
 
 
 @pytest.fixture(scope='module')
-def bad_main_runs(tmp_path_factory):
-  """{flag: (exit code, stderr, TensorFlow imported?, workdir)} of main
-  with each flag of BAD_FLAGS and EARLY_ERRORS: errors said before
-  TensorFlow loads, whose start-up lines a run of its own filters."""
+def cli_results(tmp_path_factory):
+  """{name: (exit code, stdout, stderr, TensorFlow imported?, workdir)}, all
+  run in one process (`helpers.cli_runs`): main with each flag of BAD_FLAGS
+  and EARLY_ERRORS (named by the flag; errors said before TensorFlow loads,
+  whose start-up lines a run of its own filters), then OTHER_RUNS, then
+  predict on a corrupt checkpoint ('corrupt')."""
   flags = list(dict.fromkeys([f for f, _ in BAD_FLAGS] + EARLY_ERRORS))
-  root = tmp_path_factory.mktemp('bad_main_runs')
-  runs = [(flag, str(root / str(i) / 'w')) for i, flag in enumerate(flags)]
-  result = _run('-c', _MAIN_RUNS, json.dumps(runs))
-  assert result.returncode == 0, result.stderr[-3000:]
-  return {flag: (r['code'], r['stderr'], r['tensorflow'], workdir)
-          for (flag, workdir), r in zip(runs, json.loads(result.stdout))}
+  root = tmp_path_factory.mktemp('cli_results')
+  bad = root / 'bad.npz'
+  bad.write_bytes(b'PK\x03\x04 not really a zip archive')
+  image = os.path.join(ROOT, 'tests', 'data', 'predict_image.jpg')
+  runs = {flag: ('vit_jax.main', ['--config=configs/default.py',
+                                  f'--workdir={root / str(i) / "w"}', flag])
+          for i, flag in enumerate(flags)}
+  runs.update(OTHER_RUNS)
+  runs['corrupt'] = ('vit_jax.predict', ['--model_name=testing',
+                                         f'--checkpoint={bad}', image])
+  results = helpers.cli_runs(runs.values(), env=ONEDNN)
+  out = {}
+  for (name, (_, args)), r in zip(runs.items(), results):
+    workdir = args[1][len('--workdir='):] if name in flags else None
+    out[name] = (r['code'], r['stdout'], r['stderr'], r['tensorflow'],
+                 workdir)
+  out['corrupt'] += (bad,)
+  return out
 
 
 @pytest.mark.parametrize('flag,message', BAD_FLAGS)
-def test_bad_config_flag_is_one_line(bad_main_runs, flag, message):
-  code, stderr, _, workdir = bad_main_runs[flag]
+def test_bad_config_flag_is_one_line(cli_results, flag, message):
+  code, _, stderr, _, workdir = cli_results[flag]
   assert code == 1
   lines = stderr.splitlines()
   assert len(lines) == 2, stderr
@@ -137,9 +128,9 @@ def test_filtered_stderr_keeps_what_is_not_noise(capfd):
 
 
 @pytest.mark.parametrize('flag', EARLY_ERRORS)
-def test_config_errors_come_before_tensorflow(bad_main_runs, flag):
+def test_config_errors_come_before_tensorflow(cli_results, flag):
   """A bad key, value or file is said before the data stack is imported."""
-  code, stderr, tensorflow, workdir = bad_main_runs[flag]
+  code, _, stderr, tensorflow, workdir = cli_results[flag]
   assert (code, tensorflow) == (1, False), stderr
   assert stderr.startswith('Error: '), stderr
   assert not os.path.exists(workdir)
@@ -160,14 +151,14 @@ def test_unknown_dataset_error(tiny_config):
     pipeline.get_builder(tiny_config)
 
 
-def test_unknown_preset_names_the_closest():
+def test_unknown_preset_names_the_closest(cli_results):
   with pytest.raises(ValueError, match="'ViT-Ti16'; did you mean ViT-Ti_16"):
     models.get_model('ViT-Ti16')
   with pytest.raises(KeyError):  # still a KeyError for dict-minded callers
     models.MODEL_CONFIGS['ViT-Ti16']  # pylint: disable=pointless-statement
-  result = _run('-m', 'vit_jax.models', '--name=ViT-Ti16')
-  assert result.returncode == 1
-  lines = result.stderr.strip().splitlines()
+  code, _, stderr, _, _ = cli_results['unknown preset']
+  assert code == 1
+  lines = stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(
       "Error: Unknown model preset 'ViT-Ti16'; did you mean ViT-Ti_16, ")
 
@@ -187,19 +178,18 @@ def test_traceback_only_with_verbosity(tmp_path):
   assert loud.returncode != 0 and 'Traceback' in loud.stderr
 
 
-def test_models_cli_needs_no_compute():
-  result = _run('-m', 'vit_jax.models', '--name=ViT-L_16')
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip() == ('ViT-L_16: 304,326,632 parameters; images '
-                                   '(2, 224, 224, 3) -> logits (2, 1000)')
-  assert 'Unable to initialize backend' not in result.stderr
+def test_models_cli_needs_no_compute(cli_results):
+  code, stdout, stderr, _, _ = cli_results['ViT-L_16']
+  assert code == 0, stderr
+  assert stdout.strip() == ('ViT-L_16: 304,326,632 parameters; images '
+                            '(2, 224, 224, 3) -> logits (2, 1000)')
+  assert 'Unable to initialize backend' not in stderr
 
 
-def test_models_cli_feeds_a_video_model_clips():
-  result = _run('-m', 'vit_jax.models', '--name=ViViT-B_16x2',
-                '--num_classes=400')
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.strip() == (
+def test_models_cli_feeds_a_video_model_clips(cli_results):
+  code, stdout, stderr, _, _ = cli_results['ViViT-B_16x2']
+  assert code == 0, stderr
+  assert stdout.strip() == (
       'ViViT-B_16x2: 88,954,000 parameters; clips (2, 32, 224, 224, 3) -> '
       'logits (2, 400)')
 
@@ -235,14 +225,10 @@ def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
     assert out.strip().splitlines()[-1] == '96'
 
 
-def test_corrupt_checkpoint_is_one_line(tmp_path):
-  bad = tmp_path / 'bad.npz'
-  bad.write_bytes(b'PK\x03\x04 not really a zip archive')
-  image = os.path.join(ROOT, 'tests', 'data', 'predict_image.jpg')
-  result = _run('-m', 'vit_jax.predict', '--model_name=testing',
-                f'--checkpoint={bad}', image)
-  assert result.returncode == 1
-  lines = result.stderr.strip().splitlines()
-  assert len(lines) == 1, result.stderr
+def test_corrupt_checkpoint_is_one_line(cli_results):
+  code, _, stderr, _, _, bad = cli_results['corrupt']
+  assert code == 1
+  lines = stderr.strip().splitlines()
+  assert len(lines) == 1, stderr
   assert lines[0].startswith(f'Error: Cannot read checkpoint {bad}: not an '
                              '.npz archive, or truncated or corrupt')

@@ -4,12 +4,11 @@ A run with 2 processes of 4 CPU devices each must match 1 process with 8,
 resume across the two topologies, agree on the step to save when only one
 process gets SIGTERM, and stop in bounded time when a process is lost.
 The runs of 1 process with 8 devices that are no process's test (the
-uninterrupted references, the resumes that finish a run) run in this
-pytest process, which has 8 CPU devices: the same command's config and
-code path as `vit_jax.main`, without a process start and its compiles.
+uninterrupted references, the run a SIGTERM preempts before 2 processes
+resume it, the resumes that finish a run) run in this pytest process,
+which has 8 CPU devices: the same command's config and code path as
+`vit_jax.main`, without a process start and its compiles.
 """
-
-import ast
 
 import json
 import os
@@ -24,8 +23,7 @@ import pytest
 
 from tests import helpers
 from tests.conftest import FAST_COMPILE
-from vit_jax import launch
-from vit_jax import run_config
+from tests.conftest import interrupt_at
 from vit_jax.configs import default
 from vit_jax.configs import siglip_fmnist
 from vit_jax.data import captions
@@ -97,27 +95,10 @@ def _run(workdir, fmnist_dirs, num_processes):
   assert codes == [0] * num_processes, _log(workdir)
 
 
-def _value(text):
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text  # a path
-
-
 def _run_here(workdir, fmnist_dirs, command=None, get_config=None):
   """`command`'s run (1 process, 8 devices) in this process, as
-  `vit_jax.main` runs it: its `--config.KEY=VALUE` flags over the config
-  file's `get_config`, settled by `run_config`, checked, trained."""
-  argv = (command or _command)(workdir, fmnist_dirs)
-  argv, held = run_config.held_model_flags(argv)
-  given = dict(a[len('--config.'):].split('=', 1) for a in argv
-               if a.startswith('--config.'))
-  given = {k: _value(v) for k, v in given.items()}
-  config = (get_config or default.get_config)()
-  config.update_from_flattened_dict(given)
-  config.lock()
-  config = run_config.resolve(config, given, held)
-  launch.train_and_evaluate(config, str(workdir), mesh=launch.check(config))
+  `vit_jax.main` runs it (`helpers.run_here`)."""
+  helpers.run_here((command or _command)(workdir, fmnist_dirs), get_config)
 
 
 def _signal_when(procs, workdir, line, target, sig):
@@ -173,15 +154,18 @@ def test_two_processes_equal_one(reference, fmnist_dirs, tmp_path):
 
 
 def test_preempted_runs_resume_across_topologies(reference, fmnist_dirs,
-                                                 tmp_path):
-  """1 process saves on SIGTERM and 2 resume it; SIGTERM to one of those 2:
-  both save the step the sync point names, and 1 process finishes the run
-  as the uninterrupted one did."""
+                                                 tmp_path, monkeypatch,
+                                                 capsys):
+  """1 process (this one) saves on SIGTERM and 2 resume it; SIGTERM to one
+  of those 2: both save the step the sync point names, and 1 process
+  finishes the run as the uninterrupted one did."""
   workdir = str(tmp_path)
-  procs = _start(workdir, fmnist_dirs, 1)
-  _signal_when(procs, workdir, '[10/', target=0, sig=signal.SIGTERM)
-  assert _wait(procs) == [0] and 'Preempted' in _log(workdir)
-  procs = _start(workdir, fmnist_dirs, 2)  # the logs are appended to
+  interrupt_at(monkeypatch, 10,
+               lambda batch: os.kill(os.getpid(), signal.SIGTERM))
+  _run_here(workdir, fmnist_dirs)
+  monkeypatch.undo()
+  assert 'Preempted: saved step 11' in capsys.readouterr().out
+  procs = _start(workdir, fmnist_dirs, 2)
   _signal_when(procs, workdir, '[15/', target=1, sig=signal.SIGTERM)
   assert _wait(procs) == [0, 0], _log(workdir, 1)
   saved = {_log(workdir, i).split('Preempted: saved step ')[-1].split()[0]

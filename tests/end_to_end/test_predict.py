@@ -27,6 +27,8 @@ from vit_jax.convert import transform
 ROOT = helpers.ROOT
 DATA = helpers.DATA
 IMAGE, GOLDEN, RECORD = helpers.predict_golden()
+# One worker runs the tests of `cli`'s process, so that it starts once.
+pytestmark = pytest.mark.xdist_group('predict_cli')
 SQUASH_FLAGS = ['--crop_mode=squash', '--crop_pct=1', '--interpolation=bilinear',
                 '--mean=0.5', '--std=0.5']
 
@@ -54,10 +56,31 @@ def timm_npz(tmp_path_factory):
   return path
 
 
-def _predict_cli(*args):
-  return subprocess.run(
-      [sys.executable, '-m', 'vit_jax.predict', *map(str, args)],
-      capture_output=True, text=True, timeout=300, cwd=ROOT)
+@pytest.fixture(scope='module')
+def cli(timm_npz, tmp_path_factory):
+  """{test: (exit code, stdout, stderr, its folder)} of the command lines
+  below, run in one process (`helpers.cli_runs`)."""
+  root = tmp_path_factory.mktemp('cli')
+  (root / 'notes.txt').write_text('not an image')
+  path, _, _ = _checkpoint(root, 1000)
+  Image.fromarray(np.random.default_rng(1).integers(
+      0, 256, (30, 30), np.uint8)).save(root / 'gray.png')
+  bare = root / 'bare.npz'
+  predict = lambda *args: ('vit_jax.predict', ['--model_name=testing', *args])
+  runs = {
+      'record': predict(f'--checkpoint={timm_npz}', IMAGE, root / 'notes.txt',
+                        root / 'missing.jpg'),
+      'flags': predict(f'--checkpoint={timm_npz}', *SQUASH_FLAGS, IMAGE),
+      'convert bare': ('vit_jax.convert', [
+          os.path.join(DATA, 'timm_predict_vit.safetensors'), bare]),
+      'bare': predict(f'--checkpoint={bare}', '--crop_pct=0.9',
+                      '--interpolation=bicubic', IMAGE),
+      'no record': predict(f'--checkpoint={path}', '--size=64',
+                           root / 'gray.png'),
+  }
+  results = helpers.cli_runs(runs.values())
+  return {name: (r['code'], r['stdout'], r['stderr'], root)
+          for name, r in zip(runs, results)}
 
 
 def _top5(stdout_lines):
@@ -116,73 +139,60 @@ def test_size_resizes_the_position_embedding(tmp_path, capfd):
   assert probs.shape == (4,) and abs(probs.sum() - 1) < 1e-5
 
 
-def test_command_line_uses_the_record(timm_npz, tmp_path):
-  (tmp_path / 'notes.txt').write_text('not an image')
-  result = _predict_cli('--model_name=testing', f'--checkpoint={timm_npz}',
-                        IMAGE, tmp_path / 'notes.txt', tmp_path / 'missing.jpg')
-  assert result.returncode == 1, result.stderr  # two files failed
-  out = result.stdout.splitlines()
+def test_command_line_uses_the_record(cli):
+  code, stdout, stderr, _ = cli['record']
+  assert code == 1, stderr  # two files failed
+  out = stdout.splitlines()
   assert out[0] == f'{IMAGE}:' and len(out) == 6
-  _assert_top5_is(result.stdout, GOLDEN['center_probs'], atol=1e-4)
+  _assert_top5_is(stdout, GOLDEN['center_probs'], atol=1e-4)
   assert ('Preprocessing: resize short side to 73 (bicubic), center crop 64, '
           'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
-          '[from timm_predict.transform.json]\n') in result.stderr
-  assert 'notes.txt is not an image' in result.stderr
-  assert 'missing.jpg: no such file' in result.stderr
+          '[from timm_predict.transform.json]\n') in stderr
+  assert 'notes.txt is not an image' in stderr
+  assert 'missing.jpg: no such file' in stderr
 
 
-def test_flags_override_the_record(timm_npz):
-  result = _predict_cli('--model_name=testing', f'--checkpoint={timm_npz}',
-                        *SQUASH_FLAGS, IMAGE)
-  assert result.returncode == 0, result.stderr
-  _assert_top5_is(result.stdout, GOLDEN['squash_probs'], atol=1e-4)
+def test_flags_override_the_record(cli):
+  code, stdout, stderr, _ = cli['flags']
+  assert code == 0, stderr
+  _assert_top5_is(stdout, GOLDEN['squash_probs'], atol=1e-4)
   assert ('Preprocessing: resize to 64 x 64 (bilinear), mean (0.5, 0.5, 0.5), '
           'std (0.5, 0.5, 0.5) [from timm_predict.transform.json; '
           '--crop_pct, --crop_mode, --interpolation, --mean, --std given]'
-          ) in result.stderr
+          ) in stderr
 
 
-def test_bare_timm_file_predicts_as_timm(tmp_path):
+def test_bare_timm_file_predicts_as_timm(cli):
   """Weights without config.json are recorded with timm's eval transform;
   `--crop_pct` and `--interpolation` then give timm's `create_transform`
   with those two arguments."""
-  npz = tmp_path / 'bare.npz'
-  subprocess.run(
-      [sys.executable, '-m', 'vit_jax.convert',
-       os.path.join(DATA, 'timm_predict_vit.safetensors'), str(npz)],
-      check=True, capture_output=True, timeout=300, cwd=ROOT)
-  result = _predict_cli('--model_name=testing', f'--checkpoint={npz}',
-                        '--crop_pct=0.9', '--interpolation=bicubic', IMAGE)
-  assert result.returncode == 0, result.stderr
-  _assert_top5_is(result.stdout, GOLDEN['bare_probs'], atol=1e-3)
+  code, _, stderr, root = cli['convert bare']
+  assert code == 0, stderr
+  code, stdout, stderr, _ = cli['bare']
+  assert code == 0, stderr
+  _assert_top5_is(stdout, GOLDEN['bare_probs'], atol=1e-3)
   assert ('Preprocessing: resize short side to 71 (bicubic), center crop 64, '
           'mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) '
           '[from bare.transform.json; --crop_pct, --interpolation given]'
-          ) in result.stderr
+          ) in stderr
   np.testing.assert_allclose(
       transform.prepare(IMAGE, transform.resolve(
-          64, transform.load_transform(npz), crop_pct=0.9)),
+          64, transform.load_transform(root / 'bare.npz'), crop_pct=0.9)),
       GOLDEN['bare'], atol=1e-6)
 
 
-def test_command_line_without_a_record(tmp_path):
-  path, _, _ = _checkpoint(tmp_path, 1000)
-  rng = np.random.default_rng(1)
-  Image.fromarray(rng.integers(0, 256, (30, 30), np.uint8)).save(
-      tmp_path / 'gray.png')
-  result = _predict_cli('--model_name=testing', f'--checkpoint={path}',
-                        '--size=64', tmp_path / 'gray.png')
-  assert result.returncode == 0, result.stderr
-  out = result.stdout.splitlines()
+def test_command_line_without_a_record(cli):
+  code, stdout, stderr, _ = cli['no record']
+  assert code == 0, stderr
+  out = stdout.splitlines()
   assert out[0].endswith('gray.png:') and len(out) == 6
   probs = [p for p, _ in _top5(out)]
   assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
   assert all(name in predict.class_names(1000) for _, name in _top5(out))
   assert ('Preprocessing: resize to 64 x 64 (bilinear), mean (0.5, 0.5, 0.5), '
           "std (0.5, 0.5, 0.5) [the original release's: no .transform.json "
-          'beside the checkpoint]') in result.stderr
-  assert 'resized pos_embedding from (1, 10, 10) to (1, 17, 10)' in (
-      result.stderr)
+          'beside the checkpoint]') in stderr
+  assert 'resized pos_embedding from (1, 10, 10) to (1, 17, 10)' in stderr
 
 
 def test_unknown_model_name(tmp_path):

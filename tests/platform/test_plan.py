@@ -2,8 +2,6 @@
 
 import importlib.util
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,16 +13,36 @@ from vit_jax import models
 from vit_jax import plan
 
 
-ROOT = helpers.ROOT
 HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
 needs_libtpu = pytest.mark.skipif(
     not HAS_LIBTPU, reason="libtpu: pip install -e '.[tpu]' (CI installs it)")
 
 
-def _plan(*flags):
-  return subprocess.run(
-      [sys.executable, '-m', 'vit_jax.plan', *flags], capture_output=True,
-      text=True, timeout=600, cwd=ROOT)
+# plan's command lines (module, args), each test's own; those that need
+# libtpu only where it is installed.
+PLAN_RUNS = {
+    'testing': ['--config=configs/vit.py:testing,cifar10',
+                '--topology=v5e:2x2', '--config.batch=64'],
+    'v9:2x2': ['--config=configs/default.py', '--topology=v9:2x2'],
+    'v5e': ['--config=configs/default.py', '--topology=v5e'],
+    'v5e:3x7': ['--config=configs/default.py', '--topology=v5e:3x7'],
+    'lit': ['--config=configs/lit_fmnist.py:softmax', '--topology=v5e:2x2'],
+    'too big': ['--config=configs/default.py', '--config.batch=40000000',
+                '--topology=v5e:2x2'],
+}
+NEED_LIBTPU = ('testing', 'v5e:3x7', 'lit', 'too big')
+# One worker runs the tests of `plan_runs`' process, so that it starts once.
+plan_cli = pytest.mark.xdist_group('plan_cli')
+
+
+@pytest.fixture(scope='module')
+def plan_runs():
+  """{name: (exit code, stdout, stderr)} of `python -m vit_jax.plan` with
+  each of PLAN_RUNS' flags, all in one process (`helpers.cli_runs`)."""
+  names = [n for n in PLAN_RUNS if HAS_LIBTPU or n not in NEED_LIBTPU]
+  results = helpers.cli_runs([('vit_jax.plan', PLAN_RUNS[n]) for n in names])
+  return {n: (r['code'], r['stdout'], r['stderr'])
+          for n, r in zip(names, results)}
 
 
 def _figure(text, label):
@@ -38,11 +56,10 @@ def _figure(text, label):
 
 
 @needs_libtpu
-def test_plan_of_the_testing_preset_on_v5e():
-  result = _plan('--config=configs/vit.py:testing,cifar10',
-                 '--topology=v5e:2x2', '--config.batch=64')
-  assert result.returncode == 0, result.stderr[-3000:]
-  out = result.stdout
+@plan_cli
+def test_plan_of_the_testing_preset_on_v5e(plan_runs):
+  code, out, stderr = plan_runs['testing']
+  assert code == 0, stderr[-3000:]
   assert 'testing on TPU v5e, 4 chips (1 host); global batch 64 = 4 x 16' in out
   assert 'of 16 GiB HBM: fits' in out
   # The roofline, from the printed FLOPs, bytes and v5e's published peaks.
@@ -60,29 +77,29 @@ def test_plan_of_the_testing_preset_on_v5e():
     ('v5e', "--topology='v5e'; expected GENERATION:SHAPE"),
     ('v5e:3x7', 'libtpu refuses --topology=v5e:3x7: '),
 ])
-def test_bad_topology_is_one_line(topology, message):
+@plan_cli
+def test_bad_topology_is_one_line(plan_runs, topology, message):
   if 'libtpu' in message and not HAS_LIBTPU:
     pytest.skip('libtpu judges the shape')
-  result = _plan('--config=configs/default.py', f'--topology={topology}')
-  assert result.returncode == 1
-  lines = result.stderr.strip().splitlines()
+  code, stdout, stderr = plan_runs[topology]
+  assert code == 1
+  lines = stderr.strip().splitlines()
   assert lines[0].startswith('Error: ') and message in lines[0], lines
-  assert not result.stdout
+  assert not stdout
 
 
-@pytest.mark.parametrize('flags,message', [
-    (('--config=configs/lit_fmnist.py:softmax',),
-     "config.trainer='lit': vit_jax.plan compiles the steps of"),
-    (('--config=configs/default.py', '--config.batch=40000000'),
-     "The step does not fit TPU v5e's 16 GiB: RESOURCE_EXHAUSTED: "),
+@pytest.mark.parametrize('name,message', [
+    ('lit', "config.trainer='lit': vit_jax.plan compiles the steps of"),
+    ('too big', "The step does not fit TPU v5e's 16 GiB: RESOURCE_EXHAUSTED: "),
 ])
 @needs_libtpu
-def test_step_plan_cannot_build_is_one_line(flags, message):
-  result = _plan(*flags, '--topology=v5e:2x2')
-  assert result.returncode == 1
-  lines = result.stderr.strip().splitlines()
+@plan_cli
+def test_step_plan_cannot_build_is_one_line(plan_runs, name, message):
+  code, stdout, stderr = plan_runs[name]
+  assert code == 1
+  lines = stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('Error: '), lines
-  assert message in lines[0] and not result.stdout
+  assert message in lines[0] and not stdout
 
 
 def test_missing_libtpu_says_how_to_install(monkeypatch):
