@@ -1,7 +1,8 @@
 """SigLIP 2's recipe, term by term: the decoder's sequences (box tokens)
 and loss, SILC's and TIPS' cross-entropies, and one whole step's terms
 against numpy written from the papers' equations; the switch-on of
-self-distillation at `ssl_start`."""
+self-distillation at `ssl_start`; the exported towers against the
+recipe's model."""
 
 import chex
 import jax
@@ -12,9 +13,11 @@ import pytest
 from tests.tasks import siglip2_common
 from vit_jax import launch
 from vit_jax import losses
+from vit_jax.checkpoints import record
 from vit_jax.data import locca
 from vit_jax.data import tokenizers
 from vit_jax.models import dino as models_dino
+from vit_jax.models import lit
 from vit_jax.models import posemb
 from vit_jax.run import loop
 from vit_jax.run import optim
@@ -244,3 +247,28 @@ def test_self_distillation_switches_on_at_its_step(dirs, tmp_path):
   assert not np.allclose(new['silc']['Dense_0']['kernel'],
                          heads0['silc']['Dense_0']['kernel'])
   assert not np.allclose(two.params['center'], 0)
+
+
+@pytest.mark.parametrize('arm', ['siglip2', 'siglip2_naflex'])
+def test_the_export_is_the_recipes_towers(dirs, tmp_path, arm):
+  """The exported tree in the record's `LitModel` embeds images and texts
+  as the recipe's model does (NaFlex: a ViT with `posemb_grid` for the
+  NaViT on padded sequences; SILC's mask token and heads left out)."""
+  config = siglip2_common.small_config(arm, dirs)
+  task = launch.make_task(config, str(tmp_path))
+  params = jax.jit(task.init_params)(jax.random.key(0))['student']
+  params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(
+      jax.random.key(1), x.shape), params)  # no zero-initialized heads
+  towers = task.exported_files(params)['']
+  name, settings = record.settings(task.exported_records()[''])
+  model = lit.LitModel(**{k: v for k, v in settings.items()
+                          if k != 'model_name'})
+  rng = np.random.default_rng(0)
+  images = rng.uniform(-1, 1, (2, 56, 56, 3)).astype(np.float32)
+  tokens = rng.integers(1, 64, (2, config.model.text_max_len))
+  got = model.apply({'params': towers}, images=images, tokens=tokens)
+  want = task.model.apply({'params': params}, images=images, tokens=tokens)
+  assert name == config.model_name
+  for a, b in zip(got[:2], want[:2]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got[2]['b'], want[2]['b'])
