@@ -143,3 +143,12 @@ def test_big_vision_naflex_image_tower_gives_timms_outputs(npz, tmp_path):
                              image_size=(224, 320))
   out = m.model.apply({'params': m.params}, PIXELS[None], train=False)
   np.testing.assert_allclose(out[0], GOLDEN['224x320'], atol=1e-4)
+
+
+def test_timms_layout_is_refused_for_a_naflex_npz(npz, tmp_path):
+  """timm's ViT state dict would resize the table otherwise (bicubic):
+  one line that says which layout holds it."""
+  with pytest.raises(ValueError, match=r'is a NaFlex tower \(SigLIP2-testing'
+                     r'-naflex\).*--layout=transformers'):
+    convert.convert(npz, str(tmp_path / 'out.safetensors'))
+  assert not (tmp_path / 'out.safetensors').exists()

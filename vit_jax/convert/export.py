@@ -136,6 +136,13 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
   flat = _npz_flat(src)
   model_name = (model_name or (transform.load_transform(src) or {}).get(
       'model_name') or _npz_preset(flat))
+  if (model_name in registry.MODEL_CONFIGS and
+      registry.family(model_name).timm_layout == 'naflex'):
+    raise ValueError(
+        f"{src} is a NaFlex tower ({model_name}): timm's ViT state dict "
+        'would resize its table otherwise, and its NaFlexVit layout is not '
+        'written here; write it with --layout=transformers '
+        '(Siglip2VisionModel).')
   state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
            _to_eva(flat) if _is_eva_preset(model_name) else
            npz_to_timm(flat))
