@@ -10,7 +10,9 @@ import pytest
 from tests.conftest import interrupt_at
 from tests.tasks import siglip2_common
 from vit_jax import launch
+from vit_jax import models
 from vit_jax.data import locca
+from vit_jax.models import lit
 
 
 @pytest.fixture(scope='module')
@@ -46,3 +48,10 @@ def test_one_device_equals_eight_and_a_crash_resumes(dirs, tmp_path,
       tree, sep='/').items() if not k.endswith('key/bias')}
   chex.assert_trees_all_close(drop(p1), drop(p8), rtol=1e-4, atol=1e-4)
   assert not np.allclose(p8['center'], 0)  # the teacher's part ran
+  # The export: SigLIP's towers, without the recipe's training aids.
+  towers = models.from_pretrained(str(tmp_path / 'eight'))
+  assert isinstance(towers.model, lit.LitModel)
+  assert 'mask_token' not in towers.params['img']
+  np.testing.assert_array_equal(towers.params['img']['MAPHead_0']['probe'],
+                                p8['student']['img_pool']['probe'])
+  assert (tmp_path / 'eight' / f'{config.model_name}.decoder.npz').exists()

@@ -249,7 +249,7 @@ def test_self_distillation_switches_on_at_its_step(dirs, tmp_path):
   assert not np.allclose(two.params['center'], 0)
 
 
-@pytest.mark.parametrize('arm', ['siglip2', 'siglip2_naflex'])
+@pytest.mark.parametrize('arm', ['siglip', 'siglip2_naflex'])
 def test_the_export_is_the_recipes_towers(dirs, tmp_path, arm):
   """The exported tree in the record's `LitModel` embeds images and texts
   as the recipe's model does (NaFlex: a ViT with `posemb_grid` for the
