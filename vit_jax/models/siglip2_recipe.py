@@ -29,6 +29,7 @@ from vit_jax.models import dino
 from vit_jax.models import layers
 from vit_jax.models import lit
 from vit_jax.models import navit
+from vit_jax.models import posemb
 from vit_jax.models import vit as models_vit
 
 
@@ -39,10 +40,10 @@ def naflex_batch(images, patch: int):
   h, w = height // patch, width // patch
   patches = images.reshape(n, h, patch, w, patch, channels)
   patches = jnp.swapaxes(patches, 2, 3).reshape(n, h * w, -1)
-  index = jnp.arange(h * w)
   full = lambda v: jnp.broadcast_to(jnp.asarray(v, jnp.int32), (n, h * w))
-  return {'patches': patches, 'segment_ids': full(1), 'rows': full(index // w),
-          'cols': full(index % w), 'heights': full(h), 'widths': full(w)}
+  positions = dict(zip(navit.POSITION_KEYS, posemb.grid_positions((h, w))))
+  return {'patches': patches, 'segment_ids': full(1),
+          **{k: full(v) for k, v in positions.items()}}
 
 
 def _normalized(z):
