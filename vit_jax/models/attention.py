@@ -5,7 +5,7 @@ splash attention on TPUs for long sequences
 (`target.attention_implementation`)."""
 
 import functools
-from typing import Any
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -198,17 +198,27 @@ QKV_BIASES = {'qkv': ('query', 'key', 'value'), 'qv': ('query', 'value'),
               'none': ()}
 
 
+# Where queries and keys are normalized (`SelfAttention.qk_norm`): over each
+# head's features (timm's `qk_norm`) or over all heads' at once
+# (InternViT-6B's `qk_normalization`).
+QK_NORMS = ('head', 'all')
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with flax's parameters (`query`, `key`,
   `value`: (D, heads, D / heads); `out`), whose projections may lack biases:
   `qkv_bias` 'qv' (EVA-02, DINOv3's `_qkvb`: a key bias adds the same logit
   to every key of a query, which the softmax cancels) or 'none' (DINOv3).
-  The blocks use flax's own module for 'qkv'."""
+  With `qk_norm` (one of QK_NORMS), the projected queries and keys go
+  through `norm_fn(name=...)`, `q_norm` and `k_norm`. The blocks use flax's
+  own module for 'qkv' without a query/key norm."""
   num_heads: int
   qkv_bias: str = 'qkv'
   dropout_rate: float = 0.
   deterministic: bool = True
   attention_fn: Any = attention
+  qk_norm: Optional[str] = None
+  norm_fn: Optional[Callable[..., nn.Module]] = None
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -223,6 +233,8 @@ class SelfAttention(nn.Module):
     query, key, value = (
         project(name=name, use_bias=name in QKV_BIASES[self.qkv_bias])(x)
         for name in ('query', 'key', 'value'))
+    if self.qk_norm:
+      query, key = self._normed(query, 'q_norm'), self._normed(key, 'k_norm')
     rng = None
     if self.dropout_rate > 0 and not self.deterministic:
       rng = self.make_rng('dropout')
@@ -234,3 +246,14 @@ class SelfAttention(nn.Module):
     return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype,
                            kernel_init=nn.initializers.xavier_uniform(),
                            name='out')(x)
+
+  def _normed(self, x, name):
+    """(batch, tokens, heads, depth) `x` normalized per head, or over the
+    heads' features together."""
+    if self.qk_norm not in QK_NORMS:
+      raise ValueError(f'Unknown qk_norm {self.qk_norm!r}; expected None or '
+                       f'one of {QK_NORMS}.')
+    if self.qk_norm == 'head':
+      return self.norm_fn(name=name)(x)
+    flat = x.reshape(*x.shape[:2], -1)
+    return self.norm_fn(name=name)(flat).reshape(x.shape)

@@ -2,8 +2,8 @@
 `Encoder` (position embedding, the blocks, the final norm), in the original
 release's parameter names. Options beyond the original (relative bias,
 BEiT's relative position tables, RoPE, LayerScale, SwiGLU, CLIP's
-pre-norm, LayerNorm epsilon, attention without some biases) are attributes
-with the original's defaults.
+pre-norm, LayerNorm epsilon, attention without some biases, RMSNorm,
+query/key norms) are attributes with the original's defaults.
 """
 
 import functools
@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import flexi
-from vit_jax.models import ops
 from vit_jax.models.attention import attention
+from vit_jax.models.attention import QK_NORMS
 from vit_jax.models.attention import SelfAttention
 from vit_jax.models.layers import drop_path_rates
 from vit_jax.models.layers import DropPath
 from vit_jax.models.layers import keep_patches
 from vit_jax.models.layers import LayerScale
+from vit_jax.models.layers import make_norm
 from vit_jax.models.layers import MlpBlock
 from vit_jax.models.posemb import AddPositionEmbs
 from vit_jax.models.posemb import AddPositionEmbs2D
@@ -69,6 +70,10 @@ class Encoder1DBlock(nn.Module):
     layer_norm_eps: of the LayerNorms (1e-6; CLIP's and DINOv3's 1e-5).
     quick_gelu, mlp_norm: the MLP's QuickGELU, and its `inner_norm`.
     rope_half: RoPE rotates pairs half a head apart (DINOv3).
+    norm: the norms' kind, one of `layers.NORMS` ('layer'; 'rms':
+      RMSNorm, InternViT-6B's), named `LayerNorm_0` and `LayerNorm_1`.
+    qk_norm: normalize queries and keys with a norm of that kind (and
+      `layer_norm_eps`), per head or across all heads (`SelfAttention`).
     scanned: return (output, None), as the body of `nn.scan`; (output,
       output) with `scan_outputs`, so that the scan stacks every block's.
   """
@@ -87,6 +92,8 @@ class Encoder1DBlock(nn.Module):
   quick_gelu: bool = False
   mlp_norm: bool = False
   rope_half: bool = False
+  norm: str = 'layer'
+  qk_norm: Optional[str] = None
   dtype: Any = jnp.float32
   scanned: bool = False
   scan_outputs: bool = False
@@ -123,16 +130,16 @@ class Encoder1DBlock(nn.Module):
     if segment_ids is not None:
       options['segment_ids'] = segment_ids
 
-    norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
-                             dtype=self.dtype)
-    x = norm()(inputs)
-    x = self._attention(x, deterministic, mask, options)
+    norm = functools.partial(make_norm, self.norm, self.layer_norm_eps,
+                             self.dtype)
+    x = norm(name='LayerNorm_0')(inputs)
+    x = self._attention(x, deterministic, mask, options, norm)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = self._scale(x, 'ls1')
     x = DropPath(self.drop_path_rate)(x, deterministic=deterministic)
     x = x + inputs
 
-    y = norm()(x)
+    y = norm(name='LayerNorm_1')(x)
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
                  gelu_approximate=self.gelu_approximate, swiglu=self.swiglu,
                  quick_gelu=self.quick_gelu, inner_norm=self.mlp_norm,
@@ -144,16 +151,18 @@ class Encoder1DBlock(nn.Module):
       return x + y
     return x + y, (x + y if self.scan_outputs else None)
 
-  def _attention(self, x, deterministic, mask, options):
+  def _attention(self, x, deterministic, mask, options, norm):
     """Self-attention of `x`: flax's module, or `SelfAttention` (same
-    parameter names) for projections without biases."""
+    parameter names) for projections without biases or with query/key
+    norms (`norm`)."""
     settings = dict(num_heads=self.num_heads, deterministic=deterministic,
                     dropout_rate=self.attention_dropout_rate,
                     attention_fn=functools.partial(attention, **options),
                     dtype=self.dtype)
     sow = self.is_mutable_collection('intermediates')
-    if self.qkv_bias != 'qkv':
-      return SelfAttention(qkv_bias=self.qkv_bias,
+    if self.qkv_bias != 'qkv' or self.qk_norm:
+      return SelfAttention(qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+                           norm_fn=norm,
                            name='MultiHeadDotProductAttention_0',
                            **settings)(x, mask=mask, sow_weights=sow)
     return nn.MultiHeadDotProductAttention(
@@ -195,14 +204,16 @@ class Encoder(nn.Module):
     posemb_prefix: the learned 1-D table ('learn') has entries for the
       prefix (class, register) tokens; False (timm's `no_embed_class`): for
       the patches only. Set by `VisionTransformer`.
-    final_norm: end with the LayerNorm `encoder_norm`; `VisionTransformer`
-      omits it for its `fc_norm`.
+    final_norm: end with the norm `encoder_norm`; `VisionTransformer`
+      omits it for its `fc_norm` (InternViT has none).
     pre_norm: a LayerNorm `norm_pre` before the blocks (CLIP's).
     rope: 2-D RoPE in every block beside `posemb` ('learn' or 'none'), one
       of ROPES (`rope_angles`): 'eva02' (`rope_theta` 1e4, positions
       rescaled to `rope_ref_grid`) or 'dinov3' (`rope_theta` 100); prefix
       tokens are not rotated.
-    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm: see `Encoder1DBlock`.
+    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm, norm, qk_norm: see
+      `Encoder1DBlock`; `norm` is also that of `norm_pre` and
+      `encoder_norm`.
     posemb_grid: make the 'learn' table at this (h, w) and resize it to
       each call's grid (`flexi`); set by `VisionTransformer`.
   """
@@ -231,6 +242,8 @@ class Encoder(nn.Module):
   layer_norm_eps: float = 1e-6
   quick_gelu: bool = False
   mlp_norm: bool = False
+  norm: str = 'layer'
+  qk_norm: Optional[str] = None
   posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
 
@@ -259,8 +272,8 @@ class Encoder(nn.Module):
       x = keep_patches(x, keep, x.shape[1] - grid[0] * grid[1])
     if self.add_position_embedding:
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
-                             dtype=self.dtype)
+    norm = functools.partial(make_norm, self.norm, self.layer_norm_eps,
+                             self.dtype)
     if self.pre_norm:
       x = norm(name='norm_pre')(x)
 
@@ -293,6 +306,9 @@ class Encoder(nn.Module):
                        f"one of {ROPES}, beside posemb 'learn' or 'none'.")
     if posemb == 'rope2d' or self.rope:
       rope_head_dim(x.shape[-1], self.num_heads)
+    if self.qk_norm not in (None, *QK_NORMS):
+      raise ValueError(f'Unknown qk_norm {self.qk_norm!r}; expected None or '
+                       f'one of {QK_NORMS}.')
     if self.relative_bias not in (None, *RELATIVE_BIASES):
       raise ValueError(f'Unknown relative_bias {self.relative_bias!r}; '
                        f'expected None or one of {RELATIVE_BIASES}.')
@@ -416,7 +432,8 @@ class Encoder(nn.Module):
                     swiglu=self.swiglu, layerscale_init=self.layerscale_init,
                     qkv_bias=self.qkv_bias, layer_norm_eps=self.layer_norm_eps,
                     quick_gelu=self.quick_gelu, mlp_norm=self.mlp_norm,
-                    rope_half=self.rope == 'dinov3', dtype=self.dtype)
+                    rope_half=self.rope == 'dinov3', norm=self.norm,
+                    qk_norm=self.qk_norm, dtype=self.dtype)
     return block, settings
 
   def _scanned(self, block, length):

@@ -1,5 +1,6 @@
 """The building blocks that the ViT families share: MLP, DropPath,
-LayerScale, attention pooling (MAP) and token selection."""
+LayerScale, the blocks' norms, attention pooling (MAP) and token
+selection."""
 
 import functools
 from typing import Any, Callable, Optional
@@ -98,6 +99,21 @@ class MlpBlock(nn.Module):
                              dtype=self.dtype)(x)
     x = dense(inputs.shape[-1] if self.out_dim is None else self.out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+
+
+# The blocks' norms (`Encoder.norm`): LayerNorm, or RMSNorm (no bias, no
+# centering; InternViT-6B's). Both keep their gain as `scale`.
+NORMS = ('layer', 'rms')
+
+
+def make_norm(kind: str, epsilon: float = 1e-6, dtype: Any = None,
+              name: Optional[str] = None) -> nn.Module:
+  """The norm `kind` (one of NORMS) with this epsilon."""
+  if kind not in NORMS:
+    raise ValueError(f'Unknown norm {kind!r}; expected one of {NORMS}.')
+  if kind == 'rms':
+    return nn.RMSNorm(epsilon=epsilon, dtype=dtype, name=name)
+  return ops.LayerNorm(epsilon=epsilon, dtype=dtype, name=name)
 
 
 class LayerScale(nn.Module):

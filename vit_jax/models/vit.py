@@ -192,12 +192,15 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'Unknown classifier {self.classifier!r}; '
                        f'expected one of {CLASSIFIERS}.')
     x, grid = self._embed(inputs, patch_size, mask)
+    # `transformer.final_norm` False: no norm at all (InternViT's).
+    transformer = dict(self.transformer)
+    final_norm = transformer.pop('final_norm', True) and not self.fc_norm
     encoder = Encoder(name='Transformer', posemb=self.posemb,
                       posemb_prefix=self.posemb_prefix,
-                      final_norm=not self.fc_norm,
+                      final_norm=final_norm,
                       posemb_grid=flexi.table_grid(self.posemb_grid, grid,
                                                    patch_size),
-                      dtype=jnp.dtype(self.dtype), **self.transformer)
+                      dtype=jnp.dtype(self.dtype), **transformer)
     if take is not None:
       indices, depth, norm = take
       final, taken = encoder(x, train=train, grid=grid, take=indices,
