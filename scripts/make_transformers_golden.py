@@ -384,7 +384,7 @@ def _defaults():
       T.Dinov2WithRegistersConfig, T.CLIPConfig, T.CLIPVisionConfig,
       T.CLIPTextConfig, T.SiglipConfig, T.SiglipVisionConfig,
       T.SiglipTextConfig, T.Siglip2Config, T.Siglip2VisionConfig,
-      T.Siglip2TextConfig, T.SwinConfig)}
+      T.Siglip2TextConfig, T.SwinConfig, T.InternVLVisionConfig)}
   processors = {}
   for name in ('ViTImageProcessor', 'DeiTImageProcessor', 'CLIPImageProcessor',
                'BitImageProcessor', 'SiglipImageProcessor',

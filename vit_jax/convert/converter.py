@@ -23,6 +23,7 @@ from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import export
 from vit_jax.convert import hub
+from vit_jax.convert import internvit as convert_internvit
 from vit_jax.convert import naflex as convert_naflex
 from vit_jax.convert.preset_inference import check_preset
 from vit_jax.convert.preset_inference import differences
@@ -194,7 +195,8 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   architecture = config['architecture']
   layout = ('eva' if convert_eva.is_eva(architecture) else
             'beit' if convert_beit.is_beit(architecture) else
-            'naflex' if convert_naflex.is_naflex(architecture) else 'vit')
+            'naflex' if convert_naflex.is_naflex(architecture) else
+            'intern' if convert_internvit.is_intern(architecture) else 'vit')
   settings = _LAYOUTS[layout][0](config)
   if layout == 'naflex':  # the table's grid is the weights'
     settings['pos_embed_grid_size'] = convert_naflex.grid_of(state)
@@ -213,6 +215,8 @@ _LAYOUTS = {
              convert_beit.to_vit_state),
     'naflex': (convert_naflex.naflex_settings, convert_naflex.naflex_overrides,
                convert_naflex.to_vit_state),
+    'intern': (convert_internvit.timm_settings, convert_internvit.overrides,
+               lambda state: state),
 }
 
 
@@ -275,7 +279,8 @@ def _custom_vit(flat: Flat, settings, overrides) -> Dict[str, Any]:
 # The family of each kind of transformers' image tower.
 _TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
                           'mae': 'MAE', 'clip': 'CLIP', 'siglip': 'SigLIP',
-                          'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin'}
+                          'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin',
+                          'internvl': 'InternViT'}
 
 
 def _from_transformers(state: Flat, config, weights: str,
@@ -313,8 +318,13 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
     source = _from_swin(timm_state, {}, model_name)
     return source._replace(transform=transform)
   settings = transformers_config.vit_settings(config)
+  layout = 'vit'
+  if kind == 'internvl':
+    layout = 'intern'
+    settings = convert_internvit.transformers_settings(
+        transformers_layout.vision_config(config), settings)
   source = _from_vit(timm_state, settings, weights, model_name,
-                     family=family, transform=transform)
+                     layout=layout, family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
 
 
@@ -371,13 +381,16 @@ def _transformers_transform(weights: str, config, family):
     vision = transformers_layout.vision_config(config)
     side = vision.get('image_size') or (  # NaFlex: its table's square image
         math.isqrt(vision.get('num_patches', 196)) * vision['patch_size'])
+    if isinstance(side, (list, tuple)):  # InternVL's (height, width)
+      side = side[0]
     print(f'Note: no preprocessor_config.json beside {weights}: assuming '
           f'{side} x {side} bicubic and the family\'s mean and std.',
           file=sys.stderr)
     mean, std = family.input_normalization
     out = dict(input_size=[3, side, side], crop_pct=1.0, crop_mode='squash',
                interpolation='bicubic', mean=list(mean), std=list(std))
-  if transformers_layout.architecture(config) == 'Dinov2Model':
+  if transformers_layout.architecture(config) in ('Dinov2Model',
+                                                  'InternVLVisionModel'):
     out['posemb_resize'] = 'bicubic_torch'
   return out
 
@@ -454,6 +467,8 @@ _NEEDS_CONFIG = {'blocks.0.attn.relative_position_bias_table':
                  'rel_pos_bias.relative_position_bias_table':
                      "timm's Beit (BEiT: its pooling)",
                  'norm_pre.weight': 'a pre-norm (CLIP: eps, QuickGELU?)',
+                 'blocks.0.attn.q_norm.weight':
+                     'a query/key norm (per head, or across the heads?)',
                  'attn_pool.latent': 'attention pooling (SigLIP: its GELU)',
                  'blocks.0.gamma_1': "timm's Eva (EVA-02, DINOv3: RoPE)",
                  'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)"}
@@ -472,6 +487,8 @@ def _check_complete(flat: Flat, path: str,
   transformer = overrides.get('transformer', {})
   missing = missing_keys(
       flat, patch_bias=overrides.get('patch_bias', True),
+      final_norm=transformer.get('final_norm', True),
+      norm_bias=transformer.get('norm', 'layer') == 'layer',
       position_table=overrides.get('posemb', 'learn') == 'learn',
       qkv_biases=QKV_BIASES[transformer.get('qkv_bias', 'qkv')],
       relative_bias=transformer.get('relative_bias'))

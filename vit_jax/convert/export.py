@@ -116,6 +116,8 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   arch = transformers_config.export_architecture(name, model, flat)
   spec = _eval_transform(name, record, normalization)
   config = transformers_config.config_json(arch, model, flat, spec.size)
+  if arch == 'InternVLVisionModel':  # `from_timm` drops them again
+    flat = convert_eva.with_zero_biases(flat)
   weights = transformers_layout.from_timm(*_timm_state(flat, model), config)
   if arch == 'Siglip2VisionModel':  # NaFlex: a budget of patches
     patch = model['patches']['size'][0]
@@ -143,6 +145,7 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
         'would resize its table otherwise, and its NaFlexVit layout is not '
         'written here; write it with --layout=transformers '
         '(Siglip2VisionModel).')
+  _check_timm_norms(src, flat)
   state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
            _to_eva(flat) if _is_eva_preset(model_name) else
            npz_to_timm(flat))
@@ -150,3 +153,23 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
   save_file({k: np.ascontiguousarray(v, np.float32)
              for k, v in state.items()}, dst)
   return model_name
+
+
+def _check_timm_norms(src: str, flat: Flat) -> None:
+  """Refuses what timm's ViT state dict does not hold: RMSNorm blocks (no
+  norm biases) and query/key norms across the heads (InternViT-6B's)."""
+  block = 'Transformer/encoderblock_0/'
+  rms = (f'{block}LayerNorm_0/scale' in flat and
+         f'{block}LayerNorm_0/bias' not in flat)
+  q_norm = flat.get(f'{block}MultiHeadDotProductAttention_1/q_norm/scale')
+  width = flat['embedding/kernel'].shape[-1] if 'embedding/kernel' in flat else 0
+  heads = flat.get(f'{block}MultiHeadDotProductAttention_1/query/kernel')
+  across = q_norm is not None and q_norm.shape[0] == width and (
+      heads is None or heads.shape[1] > 1)
+  if rms or across:
+    raise ValueError(f"{src} has {'RMSNorm blocks' if rms else ''}"
+                     f"{' and ' if rms and across else ''}"
+                     f"{'query/key norms across the heads' if across else ''}"
+                     " (InternViT-6B's), which timm's ViT state dict does not "
+                     'hold; write it with --layout=transformers '
+                     '(InternVLVisionModel).')

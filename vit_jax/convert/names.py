@@ -25,6 +25,8 @@ _VIT = [
     (r'norm_pre\.(weight|bias)', r'Transformer/norm_pre/\1'),
     (r'blocks\.(\d+)\.mlp\.norm\.(weight|bias)',
      r'Transformer/encoderblock_\1/MlpBlock_3/norm/\2'),
+    (r'blocks\.(\d+)\.attn\.([qk])_norm\.(weight|bias)',
+     r'Transformer/encoderblock_\1/MultiHeadDotProductAttention_1/\2_norm/\3'),
     (r'attn_pool\.latent', 'MAPHead_0/probe'),
     (r'attn_pool\.norm\.(weight|bias)', r'MAPHead_0/LayerNorm_0/\1'),
     (r'attn_pool\.mlp\.fc(\d)\.(weight|bias)',
@@ -148,7 +150,7 @@ def _npz_name(key: str, rules) -> str:
       name = match.expand(target) if isinstance(target, str) else target(
           match)
       norm = re.search(r'(LayerNorm_\d|encoder_norm|fc_norm|norm_pre|/norm|'
-                       r'pre_head_layer_norm|gn\w*)/weight$', name)
+                       r'/[qk]_norm|pre_head_layer_norm|gn\w*)/weight$', name)
       return re.sub(r'/weight$', '/scale' if norm else '/kernel', name)
   return None
 
@@ -175,22 +177,25 @@ def timm_to_npz(state: Flat, heads: int) -> Flat:
     raise ValueError(
         f'timm key{"s" if len(unknown) > 1 else ""} {shown}{more} '
         f'{"have" if len(unknown) > 1 else "has"} no counterpart in vit_jax '
-        '(a query/key norm, attention pooling, or another layer that '
+        '(attention pooling, or another layer that '
         'vit_jax does not have).')
   return out
 
 
 def missing_keys(flat: Flat, *, patch_bias: bool = True,
+                 final_norm: bool = True, norm_bias: bool = True,
                  position_table: bool = True,
                  qkv_biases=('query', 'key', 'value'),
                  relative_bias=None) -> list:
   """What a ViT's published names lack of what a ViT with this patch bias,
-  position table, these projection biases and BEiT's `relative_bias`
-  tables has."""
+  final norm, norms with biases (not RMSNorms), position table, these
+  projection biases and BEiT's `relative_bias` tables has."""
   if 'stem/kernel' in flat:
     return []
   norm = 'fc_norm' if 'fc_norm/scale' in flat else 'Transformer/encoder_norm'
-  need = ['embedding/kernel', f'{norm}/scale', f'{norm}/bias']
+  need = ['embedding/kernel']
+  if final_norm or norm == 'fc_norm':
+    need += [f'{norm}/scale'] + ([f'{norm}/bias'] if norm_bias else [])
   need += ['embedding/bias'] if patch_bias else []
   need += ['Transformer/posembed_input/pos_embedding'] if position_table else []
   if relative_bias == 'shared':
@@ -198,7 +203,7 @@ def missing_keys(flat: Flat, *, patch_bias: bool = True,
   blocks = {m[1] for k in flat
             for m in [re.match(r'Transformer/encoderblock_(\d+)/', k)] if m}
   leaves = [f'{layer}/{leaf}' for layer in ('LayerNorm_0', 'LayerNorm_2')
-            for leaf in ('scale', 'bias')]
+            for leaf in ('scale', 'bias')[:2 if norm_bias else 1]]
   leaves += [f'MlpBlock_3/Dense_{i}/{leaf}' for i in (0, 1)
              for leaf in ('kernel', 'bias')]
   attention = 'MultiHeadDotProductAttention_1'
@@ -225,7 +230,8 @@ def _timm_keys(flat: Flat) -> list:
     top = ['patch_embed.proj', 'norm_pre', 'norm', 'fc_norm', 'head',
            'head_dist', 'attn_pool.norm', 'attn_pool.mlp.fc1',
            'attn_pool.mlp.fc2']
-    inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.norm', 'mlp.fc2']
+    inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.norm', 'mlp.fc2',
+             'attn.q_norm', 'attn.k_norm']
   modules = top + [f'blocks.{i}.{n}' for i in sorted(blocks) for n in inner]
   keys = ['cls_token', 'dist_token', 'reg_token', 'pos_embed',
           'attn_pool.latent'] + [
@@ -263,7 +269,8 @@ def npz_to_timm(flat: Flat) -> Flat:
   for key, value in flat.items():
     match = re.fullmatch(r'(?:Transformer/encoderblock_(\d+)/'
                          r'MultiHeadDotProductAttention_1|MAPHead_0/'
-                         r'MultiHeadDotProductAttention_0)/(\w+)/(\w+)', key)
+                         r'MultiHeadDotProductAttention_0)/'
+                         r'(query|key|value|out)/(\w+)', key)
     if match:
       attention[match[1], match[2], match[3]] = value
     elif key in tables:

@@ -25,7 +25,7 @@ SIZES = {
                    mlp_ratio=3.7362),  # SigLIP's
 }
 # timm VisionTransformer's defaults for what is read below.
-_VIT_DEFAULTS = dict(global_pool='token', class_token=True, fc_norm=None,
+VIT_DEFAULTS = dict(global_pool='token', class_token=True, fc_norm=None,
                      act_layer=None, patch_size=16, mlp_ratio=4.,
                      distilled=False, init_values=None, no_embed_class=False,
                      reg_tokens=0, mlp_layer=None, pre_norm=False,
@@ -158,7 +158,7 @@ def _architecture_args(name: str) -> Dict[str, Any]:
 
 def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
   """The arguments timm's VisionTransformer got, from its config.json."""
-  return read_settings(config, _VIT_DEFAULTS, _architecture_args)
+  return read_settings(config, VIT_DEFAULTS, _architecture_args)
 
 
 def uses_fc_norm(settings) -> bool:

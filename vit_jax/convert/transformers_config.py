@@ -129,7 +129,8 @@ def swin_settings(config: Dict[str, Any]) -> Dict[str, Any]:
 # computes, as the kind of image tower.
 _EXPORTED = {'ViT': 'vit', 'DeiT': 'vit', 'MAE': 'mae', 'DINOv2': 'dinov2',
              'CLIP': 'clip', 'SigLIP': 'siglip', 'SigLIP 2': 'siglip',
-             'SigLIP 2 NaFlex': 'siglip2', 'Swin': 'swin'}
+             'SigLIP 2 NaFlex': 'siglip2', 'Swin': 'swin',
+             'InternViT': 'internvl'}
 _ANY, _SET = object(), object()  # any value; any but None
 # The ViT settings (the model config's; `transformer.`: the encoder's) that
 # transformers' ViT computes; each architecture's differ as `_WRITTEN` says.
@@ -139,7 +140,9 @@ _PLAIN = {'classifier': 'token', 'representation_size': None,
           'posemb_prefix': True, 'transformer.pre_norm': False,
           'transformer.layerscale_init': None, 'transformer.swiglu': False,
           'transformer.qkv_bias': 'qkv', 'transformer.rope': None,
-          'transformer.mlp_norm': False, 'transformer.relative_bias': None}
+          'transformer.mlp_norm': False, 'transformer.relative_bias': None,
+          'transformer.final_norm': True, 'transformer.norm': 'layer',
+          'transformer.qk_norm': None}
 _DINOV2 = {'transformer.layerscale_init': _SET, 'transformer.swiglu': _ANY}
 _CLIP_TOWER = {'transformer.pre_norm': True, 'patch_bias': False}
 # architecture: (model_type, whether it has a head, its settings).
@@ -160,6 +163,12 @@ _WRITTEN = {
     'Siglip2VisionModel': ('siglip2_vision_model', False,
                            {'classifier': 'map', 'posemb_grid': _SET}),
     'SwinForImageClassification': ('swin', True, None),
+    # Every token; a class token's model reads the first.
+    'InternVLVisionModel': ('internvl_vision', False, {
+        'classifier': ('token', 'token_unpooled'),
+        'transformer.layerscale_init': _SET, 'transformer.final_norm': _ANY,
+        'transformer.norm': _ANY, 'transformer.qk_norm': (None, 'all'),
+        'transformer.qkv_bias': ('qkv', 'none')}),
 }
 
 
@@ -187,6 +196,8 @@ def _target(kind: str, model: Dict[str, Any], head: bool) -> str:
     return 'SiglipVisionModel'
   if kind == 'siglip2':
     return 'Siglip2VisionModel'
+  if kind == 'internvl':
+    return 'InternVLVisionModel'
   if _setting(model, 'classifier') == 'distilled':
     return 'DeiTForImageClassificationWithTeacher'
   if head:
@@ -199,13 +210,32 @@ def _misfits(arch: str, model: Dict[str, Any]) -> list:
   wrong = []
   for path, want in dict(_PLAIN, **_WRITTEN[arch][2]).items():
     have = _setting(model, path)
-    if want is _ANY or (have is not None if want is _SET else have == want):
+    if want is _ANY or (have is not None if want is _SET else
+                        have in want if isinstance(want, tuple) else
+                        have == want):
       continue
     wrong.append(f'{path}={have!r} (transformers: '
                  f'{"set" if want is _SET else repr(want)})')
   height, width = model['patches']['size']
   if height != width:
     wrong.append(f'patches.size={height, width} (transformers: square)')
+  if arch == 'InternVLVisionModel':
+    wrong += _internvl_misfits(model)
+  return wrong
+
+
+def _internvl_misfits(model: Dict[str, Any]) -> list:
+  """What InternVLVisionModel's norms do not compute: its query/key norms
+  are RMSNorms of epsilon 1e-6, its final norm a LayerNorm."""
+  norm = _setting(model, 'transformer.norm')
+  eps = _setting(model, 'transformer.layer_norm_eps')
+  wrong = []
+  if _setting(model, 'transformer.qk_norm') and (norm, eps) != ('rms', 1e-6):
+    wrong.append(f"qk_norm with norm={norm!r}, layer_norm_eps={eps} "
+                 "(transformers: 'rms', 1e-6)")
+  if _setting(model, 'transformer.final_norm') and norm != 'layer':
+    wrong.append(f"a final norm after norm={norm!r} blocks (transformers: "
+                 'a LayerNorm)')
   return wrong
 
 
@@ -271,7 +301,7 @@ def _vit_config(kind: str, model: Dict[str, Any], flat: Flat):
       hidden_act=_hidden_act(_setting(model, 'transformer.quick_gelu'),
                              _setting(model, 'transformer.gelu_approximate')))
   attention = float(_setting(model, 'transformer.attention_dropout_rate'))
-  if kind in ('clip', 'siglip', 'siglip2'):
+  if kind in ('clip', 'siglip', 'siglip2', 'internvl'):
     return dict(config, attention_dropout=attention)
   return dict(config, qkv_bias=True, attention_probs_dropout_prob=attention,
               hidden_dropout_prob=float(
@@ -300,6 +330,21 @@ def _dinov2_config(arch: str, model: Dict[str, Any]) -> Dict[str, Any]:
   if arch == 'Dinov2Model':  # vit_jax drops the mask token on reading
     return dict(config, use_mask_token=False)
   return dict(config, num_register_tokens=model['num_registers'])
+
+
+def _internvl_config(model: Dict[str, Any]) -> Dict[str, Any]:
+  """InternVLVisionModel's settings beyond a ViT's."""
+  return dict(
+      attention_bias=_setting(model, 'transformer.qkv_bias') == 'qkv',
+      use_qk_norm=bool(_setting(model, 'transformer.qk_norm')),
+      norm_type={'layer': 'layer_norm', 'rms': 'rms_norm'}[
+          _setting(model, 'transformer.norm')],
+      layer_scale_init_value=float(
+          _setting(model, 'transformer.layerscale_init')),
+      use_mean_pooling=not _setting(model, 'transformer.final_norm'),
+      hidden_dropout_prob=float(_setting(model, 'transformer.dropout_rate')),
+      projection_dropout=0., use_absolute_position_embeddings=True,
+      use_mask_token=False)
 
 
 def _swin_config(model: Dict[str, Any], side: int) -> Dict[str, Any]:
@@ -340,6 +385,8 @@ def config_json(arch: str, model: Dict[str, Any], flat: Flat,
   if kind == 'dinov2':
     config.pop('intermediate_size')  # its mlp_ratio says
     config.update(_dinov2_config(arch, model))
+  elif kind == 'internvl':
+    config.update(_internvl_config(model))
   elif arch == 'CLIPVisionModelWithProjection':
     config['projection_dim'] = flat['head/kernel'].shape[-1]
   elif 'head/kernel' in flat:

@@ -59,6 +59,14 @@ CONFIGS = {
         _TEXT, hidden_size=768, num_attention_heads=12,
         intermediate_size=3072, hidden_act='gelu_pytorch_tanh',
         layer_norm_eps=1e-6, max_position_embeddings=64, vocab_size=32000),
+    # InternViT: 300M's sizes, without query/key/value biases.
+    'internvl_vision': dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+        intermediate_size=4096, attention_bias=False, use_qk_norm=False,
+        hidden_act='gelu', norm_type='layer_norm', layer_norm_eps=1e-6,
+        image_size=[448, 448], patch_size=[14, 14], num_channels=3,
+        use_absolute_position_embeddings=True, layer_scale_init_value=0.1,
+        use_mean_pooling=True),
     'swin': dict(image_size=224, patch_size=4, num_channels=3, embed_dim=96,
                  depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                  window_size=7, mlp_ratio=4.0, qkv_bias=True,

@@ -27,6 +27,9 @@ What each architecture becomes (docs/checkpoints.md lists the names):
   table of a 16 x 16 grid, which the model resizes to each image's.
 - `SwinForImageClassification`: its patch merging ends each stage (the
   original release's layout, which `convert.swin` reads).
+- `InternVLVisionModel`: InternViT (`convert.internvit`): separate
+  projections, LayerScale `lambda_1`, `lambda_2`, query/key norms across
+  the heads (`q_norm`, `k_norm`); `layernorm` only without mean pooling.
 """
 
 import re
@@ -55,6 +58,7 @@ ARCHITECTURES = {
     'Siglip2VisionModel': ('siglip2', ''),
     'Siglip2Model': ('siglip2', 'vision_model.'),
     'SwinForImageClassification': ('swin', 'swin.'),
+    'InternVLVisionModel': ('internvl', ''),
 }
 TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model')
 
@@ -132,8 +136,24 @@ _SWIN = [
     ('layernorm', 'norm'),
     ('classifier', 'head'),
 ]
+_INTERNVL = [
+    ('embeddings.cls_token', 'cls_token'),
+    ('embeddings.position_embeddings', 'pos_embed'),
+    ('embeddings.patch_embeddings.projection', 'patch_embed.proj'),
+    ('encoder.layer.{i}.attention.projection_layer', 'blocks.{i}.attn.proj'),
+    ('encoder.layer.{i}.attention.q_norm', 'blocks.{i}.attn.q_norm'),
+    ('encoder.layer.{i}.attention.k_norm', 'blocks.{i}.attn.k_norm'),
+    ('encoder.layer.{i}.layernorm_before', 'blocks.{i}.norm1'),
+    ('encoder.layer.{i}.layernorm_after', 'blocks.{i}.norm2'),
+    ('encoder.layer.{i}.mlp.fc1', 'blocks.{i}.mlp.fc1'),
+    ('encoder.layer.{i}.mlp.fc2', 'blocks.{i}.mlp.fc2'),
+    ('encoder.layer.{i}.lambda_1', 'blocks.{i}.ls1.gamma'),
+    ('encoder.layer.{i}.lambda_2', 'blocks.{i}.ls2.gamma'),
+    ('layernorm', 'norm'),
+]
 _RULES = {'vit': _VIT, 'deit': _VIT, 'dinov2': _VIT, 'mae': _VIT,
-          'clip': _CLIP, 'siglip': _CLIP, 'siglip2': _CLIP, 'swin': _SWIN}
+          'clip': _CLIP, 'siglip': _CLIP, 'siglip2': _CLIP, 'swin': _SWIN,
+          'internvl': _INTERNVL}
 # Separate projections (transformers' module, its parts in timm's order)
 # and timm's fused one.
 _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
@@ -141,7 +161,9 @@ _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
         'clip': ('encoder.layers.{i}.self_attn.{part}_proj', ('q', 'k', 'v'),
                  'blocks.{i}.attn.qkv'),
         'swin': ('encoder.layers.{i}.blocks.{j}.attention.self.{part}',
-                 ('query', 'key', 'value'), 'layers.{i}.blocks.{j}.attn.qkv')}
+                 ('query', 'key', 'value'), 'layers.{i}.blocks.{j}.attn.qkv'),
+        'internvl': ('encoder.layer.{i}.attention.{part}_proj', ('q', 'k', 'v'),
+                     'blocks.{i}.attn.qkv')}
 # Parameters that only pre-training uses, or the text side of two towers,
 # dropped with a note.
 _DROPPED = (r'(\w+\.)?embeddings\.mask_token', r'decoder\..*',
@@ -176,8 +198,8 @@ def architecture(config: Dict[str, Any]) -> str:
 
 
 def kind(config: Dict[str, Any]) -> str:
-  """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2' or
-  'swin'."""
+  """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2', 'swin'
+  or 'internvl'."""
   return ARCHITECTURES[architecture(config)][0]
 
 
@@ -230,7 +252,7 @@ def _image_tower(state: Flat, prefix: str) -> Tuple[Flat, list]:
 def _qkv(family: str):
   """(transformers' module, its parts, timm's module) of the projections."""
   return _QKV[{'clip': 'clip', 'siglip': 'clip', 'siglip2': 'clip',
-               'swin': 'swin'}.get(family, 'vit')]
+               'swin': 'swin', 'internvl': 'internvl'}.get(family, 'vit')]
 
 
 def _fuse(state: Flat, family: str) -> Tuple[Flat, Flat]:
@@ -409,6 +431,11 @@ def from_timm(state: Flat, extra: Flat, config: Dict[str, Any]) -> Flat:
                      f'{", ".join(unknown[:6])}.')
   if family == 'siglip2':
     out = _patches_as_linear(out)
+  if family == 'internvl' and not config['attention_bias']:
+    # `export` wrote zeros for names.npz_to_timm: transformers has none.
+    out = {k: v for k, v in out.items()
+           if not re.fullmatch(r'encoder\.layer\.\d+\.attention\.[qkv]_proj'
+                               r'\.bias', k)}
   if arch == 'Dinov2WithRegistersModel':
     # Its embeddings always hold one, which only masked image modeling
     # uses; zeros are transformers' own init.

@@ -19,8 +19,8 @@ from vit_jax.models.families import vit as vit_families
 
 # name: (hidden_size, mlp_dim, num_heads, num_layers, patch, 6B's blocks)
 _INTERNVITS = {
-    'InternViT-testing': (32, 128, 2, 2, 14, False),
-    'InternViT-6B-testing': (48, 96, 3, 2, 14, True),
+    'InternViT-testing': (16, 64, 2, 2, 14, False),
+    'InternViT-6B-testing': (24, 48, 3, 2, 14, True),
     'InternViT-300M_14': (1024, 4096, 16, 24, 14, False),
     'InternViT-6B_14': (3200, 12800, 25, 45, 14, True),
 }
