@@ -16,12 +16,13 @@ writes into tests/data/internvit:
   (RMSNorm, `use_qk_norm`, `attention_bias=False`) at 6B-testing's shapes;
   each with the hub's processor (`GotOcr2ImageProcessor`, ImageNet's mean
   and std).
-- golden.npz: images (56 and 70 px, in ImageNet-normalized units), and
+- golden.npz: images (56 and 42 px, in ImageNet-normalized units), and
   NAME/out (timm: the pooled class token; transformers: every token),
-  NAME/out@70 (each model resizing its table as it does), NAME/blocks
-  (timm: `forward_intermediates` of both blocks, NCHW; transformers:
-  `hidden_states` after each block), and NAME/pixels, the processor's of
-  tests/data/predict_image.jpg (every 8th row and column).
+  NAME/out@42 (each model resizing its table as it does: a 3 x 3 grid
+  from 4 x 4, where antialiasing tells timm's from transformers'),
+  NAME/blocks (timm: `forward_intermediates` of both blocks, NCHW;
+  transformers: `hidden_states` after each block), and NAME/pixels, the
+  processor's of tests/data/predict_image.jpg (every 8th row and column).
 
 Every parameter is moved off its init by N(0, 0.3) first.
 
@@ -46,7 +47,7 @@ OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'tests', 'data', 'internvit')
 IMAGENET = dict(image_mean=[0.485, 0.456, 0.406],
                 image_std=[0.229, 0.224, 0.225])
-SIDE, OTHER = 56, 70
+SIDE, OTHER = 56, 42
 # timm: name -> create_model's arguments (InternViT-testing's shapes).
 TIMM = {'timm': {}, 'timm_qknorm': dict(qk_norm=True)}
 TIMM_SHAPES = dict(embed_dim=16, depth=2, num_heads=2, mlp_ratio=4.)

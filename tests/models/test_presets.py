@@ -179,6 +179,22 @@ def _siglip2_sizes():
 
 MODEL_SIZES.update(_siglip2_sizes())
 
+
+def _internvit_sizes():
+  """InternViT's: transformers 5.23's InternVLVisionModel of each preset's
+  shapes and settings at 224 px, which timm 1.0.31's
+  vit_intern300m_patch14_448 of the 300M-like ones has too
+  (scripts/make_internvit_counts.py); plus the 1000-class head."""
+  with open(f'{ROOT}/tests/data/internvit_param_counts.json') as f:
+    counts = json.load(f)['counts']
+  for name, n in counts['timm'].items():
+    assert counts['transformers'][name] == n, name
+  return {name: n + 1000 * (models.MODEL_CONFIGS[name].hidden_size + 1)
+          for name, n in counts['transformers'].items()}
+
+
+MODEL_SIZES.update(_internvit_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 
