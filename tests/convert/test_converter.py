@@ -116,8 +116,8 @@ def test_command_line_and_errors(cli, tmp_path):
   with pytest.raises(ValueError, match='expected a .safetensors'):
     convert.read_timm(str(tmp_path / 'v.npz.txt'))
   state = load_file(os.path.join(DATA, 'timm_vit.safetensors'))
-  state['blocks.0.attn.q_norm.weight'] = np.ones(5, np.float32)
-  with pytest.raises(ValueError, match="'blocks.0.attn.q_norm.weight' has no "
+  state['blocks.0.attn.norm.weight'] = np.ones(10, np.float32)
+  with pytest.raises(ValueError, match="'blocks.0.attn.norm.weight' has no "
                      'counterpart'):
     convert.timm_to_npz(state, heads=2)
   flat = convert.timm_to_npz(load_file(os.path.join(
