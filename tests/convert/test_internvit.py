@@ -14,6 +14,8 @@ from safetensors.numpy import load_file
 from tests import helpers
 from vit_jax import convert
 from vit_jax import models
+from vit_jax.checkpoints import files
+from vit_jax.convert import preset_inference
 from vit_jax.convert import transform
 
 DATA = os.path.join(helpers.DATA, 'internvit')
@@ -144,3 +146,14 @@ def test_what_transformers_cannot_hold_is_refused(converted, tmp_path):
   assert convert.convert(npz, out) == 'InternViT-testing'
   want = load_file(os.path.join(DATA, 'timm', 'model.safetensors'))
   assert sorted(load_file(out)) == sorted(want)
+
+
+@pytest.mark.parametrize('case,want', [
+    ('timm_qknorm', dict(final_norm=False, norm='layer', qk_norm='head')),
+    ('hf_300m_norm', dict(final_norm=True, norm='layer', qk_norm=None)),
+    ('hf_6b', dict(final_norm=False, norm='rms', qk_norm='all')),
+])
+def test_the_names_show_the_norms(converted, case, want):
+  """What an .npz without its record tells the preset inference."""
+  flat = files.published_flat(files.load(converted[case][1]))
+  assert {k: preset_inference.dims(flat)[k] for k in want} == want

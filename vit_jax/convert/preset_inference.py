@@ -57,12 +57,28 @@ def dims(flat: Flat) -> Dict[str, Any]:
       patch_bias='embedding/bias' in flat,
       qkv_bias=convert_eva.qkv_bias_of(flat),
       relative_bias=relative_bias(flat),
-      map_head='MAPHead_0/probe' in flat)
+      map_head='MAPHead_0/probe' in flat,
+      final_norm=any(f'{k}/scale' in flat for k in ('Transformer/encoder_norm',
+                                                    'fc_norm')),
+      norm=('layer' if 'Transformer/encoderblock_0/LayerNorm_0/bias' in flat
+            else 'rms'),
+      qk_norm=qk_norm(flat))
 
 
 _OPTIONS = ('swiglu', 'mlp_norm', 'layerscale', 'registers', 'posemb_prefix',
             'position_table', 'pre_norm', 'patch_bias', 'qkv_bias',
-            'relative_bias', 'map_head')
+            'relative_bias', 'map_head', 'final_norm', 'norm', 'qk_norm')
+
+
+def qk_norm(flat: Flat) -> Optional[str]:
+  """The query/key norms that the names have: None, 'head' (a head's
+  features wide) or 'all' (all heads')."""
+  attention = 'Transformer/encoderblock_0/MultiHeadDotProductAttention_1/'
+  scale = flat.get(f'{attention}q_norm/scale')
+  if scale is None:
+    return None
+  _, heads, depth = flat[f'{attention}query/kernel'].shape
+  return 'head' if heads > 1 and scale.shape[0] == depth else 'all'
 
 
 def relative_bias(flat: Flat) -> Optional[str]:
@@ -119,7 +135,11 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               patch_bias=config.get('patch_bias', True),
               qkv_bias=transformer.get('qkv_bias', 'qkv'),
               relative_bias=transformer.get('relative_bias'),
-              map_head=config.classifier == 'map')
+              map_head=config.classifier == 'map',
+              final_norm=(transformer.get('final_norm', True) or
+                          bool(config.get('fc_norm'))),
+              norm=transformer.get('norm', 'layer'),
+              qk_norm=transformer.get('qk_norm'))
 
 
 def _misfits(name: str, want: Dict[str, Any]) -> list:
