@@ -179,6 +179,18 @@ def _siglip2_sizes():
 
 MODEL_SIZES.update(_siglip2_sizes())
 
+
+def _aimv2_sizes():
+  """AIMv2's: timm 1.0.31's aimv2_*_patch14_224 of each preset's shapes
+  (scripts/make_aimv2_counts.py), plus the 1000-class head."""
+  with open(f'{ROOT}/tests/data/aimv2_param_counts.json') as f:
+    counts = json.load(f)['counts']
+  return {name: n + 1000 * (models.MODEL_CONFIGS[name].hidden_size + 1)
+          for name, n in counts.items()}
+
+
+MODEL_SIZES.update(_aimv2_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 

@@ -34,6 +34,7 @@ Params = Dict[str, Any]
 _LINEN_TO_PRE_LINEN = {
     'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
     'LayerNorm_1': 'LayerNorm_2',
+    'RMSNorm_1': 'RMSNorm_2',  # AIMv2's
     'MlpBlock_0': 'MlpBlock_3',
 }
 _ENCODER_BLOCK = re.compile(r'(encoderblock_\d+/)([^/]+)')

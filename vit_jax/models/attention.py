@@ -202,10 +202,12 @@ class SelfAttention(nn.Module):
   """Multi-head self-attention with flax's parameters (`query`, `key`,
   `value`: (D, heads, D / heads); `out`), whose projections may lack biases:
   `qkv_bias` 'qv' (EVA-02, DINOv3's `_qkvb`: a key bias adds the same logit
-  to every key of a query, which the softmax cancels) or 'none' (DINOv3).
-  The blocks use flax's own module for 'qkv'."""
+  to every key of a query, which the softmax cancels) or 'none' (DINOv3);
+  `out_bias` False: the output projection has none either (AIMv2). The
+  blocks use flax's own module for 'qkv' with `out_bias`."""
   num_heads: int
   qkv_bias: str = 'qkv'
+  out_bias: bool = True
   dropout_rate: float = 0.
   deterministic: bool = True
   attention_fn: Any = attention
@@ -233,4 +235,4 @@ class SelfAttention(nn.Module):
         module=self if sow_weights else None)
     return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype,
                            kernel_init=nn.initializers.xavier_uniform(),
-                           name='out')(x)
+                           use_bias=self.out_bias, name='out')(x)

@@ -2,8 +2,8 @@
 `Encoder` (position embedding, the blocks, the final norm), in the original
 release's parameter names. Options beyond the original (relative bias,
 BEiT's relative position tables, RoPE, LayerScale, SwiGLU, CLIP's
-pre-norm, LayerNorm epsilon, attention without some biases) are attributes
-with the original's defaults.
+pre-norm, LayerNorm epsilon or AIMv2's RMSNorm, attention and MLP without
+some biases) are attributes with the original's defaults.
 """
 
 import functools
@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import flexi
-from vit_jax.models import ops
 from vit_jax.models.attention import attention
 from vit_jax.models.attention import SelfAttention
 from vit_jax.models.layers import drop_path_rates
@@ -22,6 +21,7 @@ from vit_jax.models.layers import DropPath
 from vit_jax.models.layers import keep_patches
 from vit_jax.models.layers import LayerScale
 from vit_jax.models.layers import MlpBlock
+from vit_jax.models.layers import norm_layer
 from vit_jax.models.posemb import AddPositionEmbs
 from vit_jax.models.posemb import AddPositionEmbs2D
 from vit_jax.models.posemb import grid_positions
@@ -68,6 +68,11 @@ class Encoder1DBlock(nn.Module):
       'qkv', 'qv' or 'none' (`SelfAttention`).
     layer_norm_eps: of the LayerNorms (1e-6; CLIP's and DINOv3's 1e-5).
     quick_gelu, mlp_norm: the MLP's QuickGELU, and its `inner_norm`.
+    norm: the blocks' norms, one of `layers.NORMS`: 'layernorm' or
+      'rmsnorm' (AIMv2's, `RMSNorm_0` and `RMSNorm_2` in the published
+      names), with `layer_norm_eps`.
+    mlp_bias, out_bias: the MLP's Dense layers, and the attention's output
+      projection, have biases (AIMv2's have none).
     rope_half: RoPE rotates pairs half a head apart (DINOv3).
     scanned: return (output, None), as the body of `nn.scan`; (output,
       output) with `scan_outputs`, so that the scan stacks every block's.
@@ -86,6 +91,9 @@ class Encoder1DBlock(nn.Module):
   layer_norm_eps: float = 1e-6
   quick_gelu: bool = False
   mlp_norm: bool = False
+  norm: str = 'layernorm'
+  mlp_bias: bool = True
+  out_bias: bool = True
   rope_half: bool = False
   dtype: Any = jnp.float32
   scanned: bool = False
@@ -123,8 +131,7 @@ class Encoder1DBlock(nn.Module):
     if segment_ids is not None:
       options['segment_ids'] = segment_ids
 
-    norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
-                             dtype=self.dtype)
+    norm = norm_layer(self.norm, self.layer_norm_eps, self.dtype)
     x = norm()(inputs)
     x = self._attention(x, deterministic, mask, options)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -136,7 +143,7 @@ class Encoder1DBlock(nn.Module):
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
                  gelu_approximate=self.gelu_approximate, swiglu=self.swiglu,
                  quick_gelu=self.quick_gelu, inner_norm=self.mlp_norm,
-                 layer_norm_eps=self.layer_norm_eps,
+                 layer_norm_eps=self.layer_norm_eps, use_bias=self.mlp_bias,
                  dtype=self.dtype)(y, deterministic=deterministic)
     y = self._scale(y, 'ls2')
     y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
@@ -152,8 +159,8 @@ class Encoder1DBlock(nn.Module):
                     attention_fn=functools.partial(attention, **options),
                     dtype=self.dtype)
     sow = self.is_mutable_collection('intermediates')
-    if self.qkv_bias != 'qkv':
-      return SelfAttention(qkv_bias=self.qkv_bias,
+    if self.qkv_bias != 'qkv' or not self.out_bias:
+      return SelfAttention(qkv_bias=self.qkv_bias, out_bias=self.out_bias,
                            name='MultiHeadDotProductAttention_0',
                            **settings)(x, mask=mask, sow_weights=sow)
     return nn.MultiHeadDotProductAttention(
@@ -202,7 +209,9 @@ class Encoder(nn.Module):
       of ROPES (`rope_angles`): 'eva02' (`rope_theta` 1e4, positions
       rescaled to `rope_ref_grid`) or 'dinov3' (`rope_theta` 100); prefix
       tokens are not rotated.
-    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm: see `Encoder1DBlock`.
+    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm, norm, mlp_bias,
+      out_bias: see `Encoder1DBlock`; `norm` is also `norm_pre`'s and
+      `encoder_norm`'s.
     posemb_grid: make the 'learn' table at this (h, w) and resize it to
       each call's grid (`flexi`); set by `VisionTransformer`.
   """
@@ -231,6 +240,9 @@ class Encoder(nn.Module):
   layer_norm_eps: float = 1e-6
   quick_gelu: bool = False
   mlp_norm: bool = False
+  norm: str = 'layernorm'
+  mlp_bias: bool = True
+  out_bias: bool = True
   posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
 
@@ -259,8 +271,7 @@ class Encoder(nn.Module):
       x = keep_patches(x, keep, x.shape[1] - grid[0] * grid[1])
     if self.add_position_embedding:
       x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    norm = functools.partial(ops.LayerNorm, epsilon=self.layer_norm_eps,
-                             dtype=self.dtype)
+    norm = norm_layer(self.norm, self.layer_norm_eps, self.dtype)
     if self.pre_norm:
       x = norm(name='norm_pre')(x)
 
@@ -416,6 +427,8 @@ class Encoder(nn.Module):
                     swiglu=self.swiglu, layerscale_init=self.layerscale_init,
                     qkv_bias=self.qkv_bias, layer_norm_eps=self.layer_norm_eps,
                     quick_gelu=self.quick_gelu, mlp_norm=self.mlp_norm,
+                    norm=self.norm, mlp_bias=self.mlp_bias,
+                    out_bias=self.out_bias,
                     rope_half=self.rope == 'dinov3', dtype=self.dtype)
     return block, settings
 

@@ -1,5 +1,5 @@
 """The building blocks that the ViT families share: MLP, DropPath,
-LayerScale, attention pooling (MAP) and token selection."""
+LayerScale, the norms, attention pooling (MAP) and token selection."""
 
 import functools
 from typing import Any, Callable, Optional
@@ -38,6 +38,20 @@ class DropPath(nn.Module):
         x, deterministic=deterministic)
 
 
+# The norms of a ViT's blocks (`norm_layer`): LayerNorm, or RMSNorm (AIMv2's:
+# no mean subtracted, a `scale` and no bias).
+NORMS = ('layernorm', 'rmsnorm')
+
+
+def norm_layer(norm: str, epsilon: float, dtype) -> Callable[..., nn.Module]:
+  """The norm module class of `norm` (one of NORMS), with `epsilon`."""
+  if norm == 'rmsnorm':
+    return functools.partial(nn.RMSNorm, epsilon=epsilon, dtype=dtype)
+  if norm != 'layernorm':
+    raise ValueError(f'Unknown norm {norm!r}; expected one of {NORMS}.')
+  return functools.partial(ops.LayerNorm, epsilon=epsilon, dtype=dtype)
+
+
 def drop_path_rates(rate, num_layers):
   """Per-block drop path rates: linear from 0 (first) to `rate` (last)."""
   return [rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
@@ -56,6 +70,7 @@ class MlpBlock(nn.Module):
     quick_gelu: x * sigmoid(1.702 x) instead of GELU (OpenAI's CLIP).
     inner_norm: a LayerNorm `norm` on the hidden features (EVA-02's
       `scale_mlp`, NormFormer's), with `layer_norm_eps`.
+    use_bias: the Dense layers have biases (AIMv2's have none).
   """
   mlp_dim: int
   out_dim: Optional[int] = None
@@ -65,6 +80,7 @@ class MlpBlock(nn.Module):
   quick_gelu: bool = False
   inner_norm: bool = False
   layer_norm_eps: float = 1e-6
+  use_bias: bool = True
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
   dtype: Any = jnp.float32
@@ -72,7 +88,8 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, inputs, *, deterministic):
     dense = functools.partial(nn.Dense, kernel_init=self.kernel_init,
-                              bias_init=self.bias_init, dtype=self.dtype)
+                              bias_init=self.bias_init, use_bias=self.use_bias,
+                              dtype=self.dtype)
     if self.swiglu:
       x1, x2 = jnp.split(dense(2 * self.mlp_dim)(inputs), 2, axis=-1)
       x = nn.silu(x1) * x2

@@ -22,6 +22,7 @@ from vit_jax.models import ops
 from vit_jax.models import resnet as models_resnet
 from vit_jax.models.layers import IdentityLayer
 from vit_jax.models.layers import MAPHead
+from vit_jax.models.layers import norm_layer
 from vit_jax.models.posemb import check_image_size
 from vit_jax.models.posemb import patch_size
 # pylint: disable=unused-import
@@ -126,6 +127,9 @@ class VisionTransformer(nn.Module):
       encoder's final `encoder_norm` (timm's MAE fine-tuning with 'gap').
     head_bias_init: initial bias of the zero-initialized head.
     patch_bias: the patch embedding has a bias (not CLIP's).
+    patch_norm: the patch embeddings go through a norm `embedding_norm`
+      of the blocks' kind (`transformer.norm`) before the position
+      embedding (AIMv2's RMSNorm).
     posemb_grid: FlexiViT: the (h, w) of the 'learn' table, resized to the
       tokens' grid at every call; None: the grid of the images at init.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
@@ -144,6 +148,7 @@ class VisionTransformer(nn.Module):
   fc_norm: bool = False
   head_bias_init: float = 0.
   patch_bias: bool = True
+  patch_norm: bool = False
   posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
@@ -230,6 +235,10 @@ class VisionTransformer(nn.Module):
                   dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
+    if self.patch_norm:
+      x = norm_layer(self.transformer.get('norm', 'layernorm'),
+                     self.transformer.get('layer_norm_eps', 1e-6), dtype)(
+                         name='embedding_norm')(x)
     if mask is not None:  # zeros at init, as DINOv2's
       if mask.shape != x.shape[:2]:
         raise ValueError(f'mask must be (batch, patches) = {x.shape[:2]}, '
