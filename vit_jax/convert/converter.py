@@ -21,6 +21,7 @@ from vit_jax.checkpoints import files
 from vit_jax.checkpoints import record as records
 from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
+from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import export
 from vit_jax.convert import hub
 from vit_jax.convert import naflex as convert_naflex
@@ -64,7 +65,7 @@ def _check_config_dims(settings, flat: Flat, path: str, layout: str) -> None:
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
-  if layout in ('eva', 'beit'):  # Eva's SwiGLU halves: each `hidden` wide
+  if layout in ('eva', 'beit', 'aimv2'):  # SwiGLU halves: each `hidden` wide
     swiglu, mlp_dim = settings['swiglu_mlp'], hidden
     registers = settings.get('num_reg_tokens', 0)
   else:
@@ -194,6 +195,7 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   architecture = config['architecture']
   layout = ('eva' if convert_eva.is_eva(architecture) else
             'beit' if convert_beit.is_beit(architecture) else
+            'aimv2' if convert_aimv2.is_aimv2(architecture) else
             'naflex' if convert_naflex.is_naflex(architecture) else 'vit')
   settings = _LAYOUTS[layout][0](config)
   if layout == 'naflex':  # the table's grid is the weights'
@@ -213,6 +215,8 @@ _LAYOUTS = {
              convert_beit.to_vit_state),
     'naflex': (convert_naflex.naflex_settings, convert_naflex.naflex_overrides,
                convert_naflex.to_vit_state),
+    'aimv2': (convert_aimv2.aimv2_settings, convert_aimv2.aimv2_overrides,
+              convert_aimv2.to_vit_state),
 }
 
 
@@ -229,7 +233,9 @@ def _from_vit(state: Flat, settings, weights: str, model_name, *,
   qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
   if layout in ('eva', 'beit'):
     flat = convert_eva.drop_biases(flat, qkv_bias)
-  _check_complete(flat, weights, overrides)
+  if layout == 'aimv2':
+    flat = convert_aimv2.rms_names(flat)
+  _check_complete(flat, weights, overrides, layout)
   _check_config_dims(settings, flat, weights, layout)
   if model_name is None:
     try:
@@ -467,14 +473,16 @@ def _check_bare(state: Flat, path: str) -> None:
 
 
 def _check_complete(flat: Flat, path: str,
-                    overrides: Optional[Dict[str, Any]] = None) -> None:
+                    overrides: Optional[Dict[str, Any]] = None,
+                    layout: str = 'vit') -> None:
   overrides = overrides or {}
   transformer = overrides.get('transformer', {})
-  missing = missing_keys(
+  missing = convert_aimv2.missing_keys(flat) if layout == 'aimv2' else (
+      missing_keys(
       flat, patch_bias=overrides.get('patch_bias', True),
       position_table=overrides.get('posemb', 'learn') == 'learn',
       qkv_biases=QKV_BIASES[transformer.get('qkv_bias', 'qkv')],
-      relative_bias=transformer.get('relative_bias'))
+      relative_bias=transformer.get('relative_bias')))
   if missing:
     raise ValueError(f'{path} lacks what a vit_jax ViT has: '
                      f'{", ".join(missing[:6])} (timm: qkv_bias=False or '

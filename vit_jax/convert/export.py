@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from vit_jax.checkpoints import files
+from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
@@ -47,6 +48,17 @@ def _to_eva(flat: Flat) -> Flat:
   state = npz_to_timm(convert_eva.with_zero_biases(flat))
   fused = not any(k.endswith('MlpBlock_3/norm/scale') for k in flat)
   return convert_eva.from_vit_state(state, fused=fused, qkv_bias=qkv_bias)
+
+
+def _is_aimv2_preset(name: str) -> bool:
+  return (name in registry.MODEL_CONFIGS and
+          registry.family(name).timm_layout == 'aimv2')
+
+
+def _to_aimv2(flat: Flat) -> Flat:
+  """Published names -> the state dict of timm's AIMv2."""
+  return convert_aimv2.from_vit_state(npz_to_timm(
+      convert_aimv2.layer_norm_names(flat)))
 
 
 def _npz_flat(src: str) -> Flat:
@@ -145,6 +157,7 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
         '(Siglip2VisionModel).')
   state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
            _to_eva(flat) if _is_eva_preset(model_name) else
+           _to_aimv2(flat) if _is_aimv2_preset(model_name) else
            npz_to_timm(flat))
   save_file = optional_import('safetensors.numpy', dst).save_file
   save_file({k: np.ascontiguousarray(v, np.float32)

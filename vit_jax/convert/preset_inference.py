@@ -92,7 +92,8 @@ def posemb_prefix(flat: Flat) -> Optional[bool]:
 def _convertible_presets() -> list:
   """The presets that timm's ViTs, Evas, Beits, NaFlexVits and Mixers can
   be (no LiT, BiT or Swin: `convert.swin` has its own)."""
-  return registry.presets_of('vit', 'eva', 'beit', 'mixer', 'naflex')
+  return registry.presets_of('vit', 'eva', 'beit', 'mixer', 'naflex',
+                             'aimv2')
 
 
 def _preset_dims(name: str) -> Dict[str, Any]:

@@ -168,3 +168,27 @@ class MAPHead(nn.Module):
                      gelu_approximate=self.gelu_approximate,
                      dtype=self.dtype)(y, deterministic=True)
     return x[:, 0] if mask is None else x
+
+
+class KVPoolHead(nn.Module):
+  """AIMv2's attention pooling (transformers' Aimv2AttentionPoolingHead): a
+  learned `probe`, split into heads as it is (no query projection), attends
+  through bias-free `key` and `value` projections; `out` projects the
+  result. No norm, no MLP: (batch, D) of (batch, tokens, D) `x`."""
+  num_heads: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    heads = (self.num_heads, d // self.num_heads)
+    probe = self.param('probe', nn.initializers.normal(stddev=0.02),
+                       (1, 1, d))
+    query = jnp.broadcast_to(probe.reshape(1, 1, *heads),
+                             (n, 1, *heads)).astype(x.dtype)
+    project = functools.partial(nn.DenseGeneral, heads, use_bias=False,
+                                dtype=self.dtype)
+    y = attention(query, project(name='key')(x), project(name='value')(x),
+                  deterministic=True)
+    return nn.DenseGeneral(d, axis=(-2, -1), dtype=self.dtype,
+                           name='out')(y)[:, 0]

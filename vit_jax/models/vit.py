@@ -21,6 +21,7 @@ from vit_jax.models import intermediates
 from vit_jax.models import ops
 from vit_jax.models import resnet as models_resnet
 from vit_jax.models.layers import IdentityLayer
+from vit_jax.models.layers import KVPoolHead
 from vit_jax.models.layers import MAPHead
 from vit_jax.models.layers import norm_layer
 from vit_jax.models.posemb import check_image_size
@@ -45,7 +46,7 @@ from vit_jax.models.posemb import rope_head_dim
 # pylint: enable=unused-import
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled',
-               'distilled', 'token_gap')
+               'distilled', 'token_gap', 'kv_pool')
 
 
 def num_prefix_tokens(classifier_or_config) -> int:
@@ -116,7 +117,8 @@ class VisionTransformer(nn.Module):
       with its head, `head` and `head_dist`: their mean at evaluation, the
       pair (class logits, distillation logits) in training; without a head
       the mean of the two tokens) or 'token_gap' (a class token, but the
-      mean of the patch tokens is pooled: timm's EVA-02 and DINOv3).
+      mean of the patch tokens is pooled: timm's EVA-02 and DINOv3) or
+      'kv_pool' (AIMv2's attention pooling in transformers, `KVPoolHead`).
     posemb: position embedding scheme, one of POSEMBS; see `Encoder`.
     num_registers: learned register tokens `reg` (Darcet et al., 2024)
       after the class (and distillation) token; dropped before the head,
@@ -279,6 +281,9 @@ class VisionTransformer(nn.Module):
                   gelu_approximate=self.transformer.get('gelu_approximate',
                                                         True),
                   layer_norm_eps=eps, dtype=dtype)(x)
+    elif self.classifier == 'kv_pool':
+      x = KVPoolHead(num_heads=self.transformer['num_heads'],
+                     dtype=dtype)(x)
     if self.fc_norm:
       x = ops.LayerNorm(name='fc_norm', epsilon=eps, dtype=dtype)(x)
 

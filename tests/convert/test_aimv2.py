@@ -1,0 +1,96 @@
+"""AIMv2: timm's `aimv2_*` and transformers' Aimv2VisionModel converted with
+no flags, against the outputs they computed themselves, and written back.
+
+The golden folders and outputs (tests/data/aimv2) come from
+scripts/make_aimv2_golden.py, with torch, timm and transformers; these
+tests need neither.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from tests import helpers
+from vit_jax import convert
+from vit_jax import models
+from vit_jax.convert import transform
+
+FOLDER = os.path.join(helpers.DATA, 'aimv2')
+GOLDEN = np.load(os.path.join(FOLDER, 'golden.npz'))
+IMAGES = GOLDEN['images']
+# timm.data's OPENAI_CLIP_MEAN/STD: AIMv2's pretrained_cfg.
+CLIP = ([0.48145466, 0.4578275, 0.40821073],
+        [0.26862954, 0.26130258, 0.27577711])
+
+
+@pytest.fixture(scope='module')
+def timm_npz(tmp_path_factory):
+  npz = str(tmp_path_factory.mktemp('aimv2') / 'timm.npz')
+  assert convert.convert(os.path.join(FOLDER, 'timm'), npz) == 'AIMv2-testing'
+  return npz
+
+
+def _apply(pretrained, images, **kw):
+  return np.asarray(pretrained.model.apply(
+      {'params': pretrained.params}, images, train=False, **kw))
+
+
+def test_timm_gives_timms_features(timm_npz):
+  """No flags: the preset from timm's architecture and the shapes, nothing
+  to add to it; CLIP's mean and std; timm's pooled features."""
+  recorded = transform.load_transform(timm_npz)
+  assert recorded.get('model') is None
+  assert (recorded['mean'], recorded['std']) == CLIP
+  pretrained = models.from_pretrained(timm_npz)
+  assert pretrained.transform.size == 56
+  np.testing.assert_allclose(_apply(pretrained, IMAGES), GOLDEN['timm'],
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('norm', [False, True])
+def test_timm_intermediates(timm_npz, norm):
+  """timm's `forward_intermediates` of both blocks (NCHW there, NHWC
+  here), with and without the final RMSNorm."""
+  pretrained = models.from_pretrained(timm_npz)
+  got = pretrained.model.apply(
+      {'params': pretrained.params}, IMAGES, method='forward_intermediates',
+      indices=2, norm=norm, intermediates_only=True)
+  key = 'timm/blocks_norm' if norm else 'timm/blocks'
+  assert len(got) == 2
+  for i, maps in enumerate(got):
+    np.testing.assert_allclose(maps, GOLDEN[f'{key}/{i}'], rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_timm_back_bit_for_bit(timm_npz, tmp_path):
+  """.npz -> timm gives timm's own state dict: fc1_g/fc1_x apart, the
+  norms' weights without biases, patch_embed.norm."""
+  back = str(tmp_path / 'back.safetensors')
+  assert convert.convert(timm_npz, back) == 'AIMv2-testing'
+  want = load_file(os.path.join(FOLDER, 'timm', 'model.safetensors'))
+  got = load_file(back)
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize('setting,value,message', [
+    ('qkv_bias', True, 'qkv_bias=True'),
+    ('class_token', True, 'class_token=True'),
+    ('global_pool', 'token', "global_pool='token'"),
+    ('qk_norm', True, 'qk_norm=True'),
+    ('reg_tokens', 4, 'reg_tokens=4'),
+])
+def test_timm_settings_that_change_the_computation_are_refused(
+    tmp_path, setting, value, message):
+  folder = tmp_path / 'timm'
+  shutil.copytree(os.path.join(FOLDER, 'timm'), folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config['model_args'][setting] = value
+  (folder / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=message):
+    convert.convert(str(folder), str(tmp_path / 'w.npz'))
