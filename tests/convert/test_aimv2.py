@@ -94,3 +94,92 @@ def test_timm_settings_that_change_the_computation_are_refused(
   (folder / 'config.json').write_text(json.dumps(config))
   with pytest.raises(ValueError, match=message):
     convert.convert(str(folder), str(tmp_path / 'w.npz'))
+
+
+@pytest.fixture(scope='module')
+def transformers_npz(tmp_path_factory):
+  """transformers' Aimv2VisionModel folders, with and without the head,
+  converted with no flags."""
+  folder = tmp_path_factory.mktemp('aimv2_transformers')
+  out = {}
+  for name in ('vision', 'vision_nohead'):
+    out[name] = str(folder / f'{name}.npz')
+    assert convert.convert(os.path.join(FOLDER, name),
+                           out[name]) == 'AIMv2-testing'
+  return out
+
+
+@pytest.mark.parametrize('name,classifier,output', [
+    ('vision', 'kv_pool', 'pooler_output'),
+    ('vision_nohead', 'unpooled', 'last_hidden_state'),
+])
+def test_transformers_gives_its_outputs(transformers_npz, name, classifier,
+                                        output):
+  """use_head: the attention pooling's pooler_output ('kv_pool'); without
+  it, last_hidden_state; preprocessor_config.json's CLIP mean and std."""
+  npz = transformers_npz[name]
+  recorded = transform.load_transform(npz)
+  assert recorded['model'] == {'classifier': classifier}
+  assert (recorded['mean'], recorded['std']) == CLIP
+  pretrained = models.from_pretrained(npz)
+  np.testing.assert_allclose(_apply(pretrained, IMAGES),
+                             GOLDEN[f'{name}/{output}'], rtol=1e-5, atol=1e-5)
+  if name == 'vision':  # every token: the final tokens of the blocks
+    tokens, _ = pretrained.model.apply(
+        {'params': pretrained.params}, IMAGES, method='forward_intermediates',
+        indices=1)
+    np.testing.assert_allclose(tokens, GOLDEN['vision/last_hidden_state'],
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['vision', 'vision_nohead'])
+def test_transformers_back_bit_for_bit(transformers_npz, tmp_path, name):
+  """--layout=transformers writes the Aimv2VisionModel it came from: its
+  weights (the head's too) and the settings of its config.json."""
+  dst = tmp_path / name
+  convert.convert(transformers_npz[name], str(dst), layout='transformers')
+  want = load_file(os.path.join(FOLDER, name, 'model.safetensors'))
+  got = load_file(str(dst / 'model.safetensors'))
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+  config = json.loads((dst / 'config.json').read_text())
+  original = json.loads(open(os.path.join(FOLDER, name,
+                                          'config.json')).read())
+  for key in ('architectures', 'model_type', 'hidden_size',
+              'intermediate_size', 'num_hidden_layers', 'num_attention_heads',
+              'patch_size', 'image_size', 'rms_norm_eps', 'hidden_act',
+              'qkv_bias', 'mlp_bias', 'use_head', 'is_native'):
+    assert config[key] == original[key], key
+
+
+def test_timm_written_as_transformers(timm_npz, tmp_path):
+  """timm's AIMv2 as an Aimv2VisionModel without head: timm's features
+  are the mean of its last_hidden_state (scripts/make_aimv2_golden.py
+  --check runs it with transformers)."""
+  dst = tmp_path / 'hf'
+  convert.convert(timm_npz, str(dst), layout='transformers')
+  config = json.loads((dst / 'config.json').read_text())
+  assert config['architectures'] == ['Aimv2VisionModel']
+  assert (config['use_head'], config['image_size']) == (False, 56)
+  back = str(tmp_path / 'back.npz')
+  assert convert.convert(str(dst), back) == 'AIMv2-testing'
+  tokens = _apply(models.from_pretrained(back), IMAGES)
+  np.testing.assert_allclose(tokens.mean(axis=1), GOLDEN['timm'], rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize('setting,value,message', [
+    ('is_native', True, 'is_native=True .* sin-cos'),
+    ('qkv_bias', True, 'qkv_bias=True'),
+    ('hidden_act', 'gelu', "hidden_act='gelu'"),
+])
+def test_transformers_settings_that_change_the_computation_are_refused(
+    tmp_path, setting, value, message):
+  folder = tmp_path / 'vision'
+  shutil.copytree(os.path.join(FOLDER, 'vision'), folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config[setting] = value
+  (folder / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(ValueError, match=message):
+    convert.convert(str(folder), str(tmp_path / 'w.npz'))

@@ -149,3 +149,47 @@ def missing_keys(flat: Flat) -> List[str]:
   need += [f'Transformer/encoderblock_{b}/{leaf}' for b in blocks
            for leaf in leaves]
   return [name for name in need if name not in flat]
+
+
+def _refused(key: str, value, why: str) -> ValueError:
+  return ValueError(f"transformers' Aimv2VisionModel setting {key}={value!r} "
+                    f'is not supported by vit_jax: {why}.')
+
+
+# Aimv2VisionConfig's settings that vit_jax computes at one value only.
+_TRANSFORMERS_FIXED = {
+    'qkv_bias': (False, 'its attention has biases'),
+    'mlp_bias': (False, 'its MLP has biases'),
+    'hidden_act': ('silu', "AIMv2's SwiGLU gates with SiLU"),
+    'is_native': (False, "the native-resolution model's position embedding "
+                  "is 2-D sin-cos at each image's grid"),
+    'num_channels': (3, "vit_jax's pipelines feed RGB images"),
+}
+
+
+def transformers_settings(vision: Dict[str, Any]) -> Dict[str, Any]:
+  """The settings (as `aimv2_settings`') of the AIMv2 that computes
+  transformers' Aimv2VisionModel of config.json `vision` (a two-tower
+  model's `vision_config`): with `use_head`, its attention pooling
+  ('kv_pool'), else every patch ('')."""
+  for key, (value, why) in _TRANSFORMERS_FIXED.items():
+    if vision.get(key, value) != value:
+      raise _refused(key, vision[key], why)
+  width = vision['hidden_size']
+  return dict(
+      _ARGS, embed_dim=width, depth=vision['num_hidden_layers'],
+      num_heads=vision['num_attention_heads'],
+      patch_size=vision['patch_size'],
+      mlp_ratio=vision['intermediate_size'] / width,
+      layer_norm_eps=vision['rms_norm_eps'], init_values=None,
+      global_pool='kv_pool' if vision.get('use_head', True) else '',
+      swiglu_mlp=True)
+
+
+def transformers_config(model: Dict[str, Any]) -> Dict[str, Any]:
+  """config.json's AIMv2 settings of vit_jax's model config `model` (the
+  sizes are `transformers_config`'s)."""
+  transformer = model['transformer']
+  return dict(rms_norm_eps=float(transformer['layer_norm_eps']),
+              hidden_act='silu', qkv_bias=False, mlp_bias=False,
+              is_native=False, use_head=model['classifier'] == 'kv_pool')

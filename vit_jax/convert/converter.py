@@ -281,7 +281,8 @@ def _custom_vit(flat: Flat, settings, overrides) -> Dict[str, Any]:
 # The family of each kind of transformers' image tower.
 _TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
                           'mae': 'MAE', 'clip': 'CLIP', 'siglip': 'SigLIP',
-                          'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin'}
+                          'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin',
+                          'aimv2': 'AIMv2'}
 
 
 def _from_transformers(state: Flat, config, weights: str,
@@ -318,9 +319,13 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
     transformers_config.swin_settings(config)  # refuses what it cannot
     source = _from_swin(timm_state, {}, model_name)
     return source._replace(transform=transform)
-  settings = transformers_config.vit_settings(config)
+  if kind == 'aimv2':
+    settings, layout = convert_aimv2.transformers_settings(
+        transformers_layout.vision_config(config)), 'aimv2'
+  else:
+    settings, layout = transformers_config.vit_settings(config), 'vit'
   source = _from_vit(timm_state, settings, weights, model_name,
-                     family=family, transform=transform)
+                     layout=layout, family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
 
 

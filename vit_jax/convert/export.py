@@ -80,11 +80,14 @@ def _npz_preset(flat: Flat) -> str:
 def _timm_state(flat: Flat, model: Dict[str, Any]):
   """(timm's state dict of published names, those that timm has no name
   for: `pre_logits`); a Swin's bias tables at `model`'s window."""
-  extra = {k: v for k, v in flat.items() if k.startswith('pre_logits/')}
+  extra = {k: v for k, v in flat.items()
+           if k.startswith(('pre_logits/', 'KVPoolHead_0/'))}
   rest = {k: v for k, v in flat.items() if k not in extra}
   if convert_swin.is_swin(flat):
     rest = convert_swin.fit_window(rest, model['window_size'])
     return convert_swin.npz_to_timm(rest), extra
+  if model.get('patch_norm'):  # AIMv2's
+    return _to_aimv2(rest), extra
   return npz_to_timm(rest), extra
 
 
