@@ -1,5 +1,6 @@
-"""AIMv2: timm's `aimv2_*` and transformers' Aimv2VisionModel converted with
-no flags, against the outputs they computed themselves, and written back.
+"""AIMv2: timm's `aimv2_*`, transformers' Aimv2VisionModel and Aimv2Model
+converted with no flags, against the outputs they computed themselves, and
+written back.
 
 The golden folders and outputs (tests/data/aimv2) come from
 scripts/make_aimv2_golden.py, with torch, timm and transformers; these
@@ -18,6 +19,8 @@ from tests import helpers
 from vit_jax import convert
 from vit_jax import models
 from vit_jax.convert import transform
+from vit_jax.convert import transformers_text
+from vit_jax.data import tokenizers
 
 FOLDER = os.path.join(helpers.DATA, 'aimv2')
 GOLDEN = np.load(os.path.join(FOLDER, 'golden.npz'))
@@ -183,3 +186,46 @@ def test_transformers_settings_that_change_the_computation_are_refused(
   (folder / 'config.json').write_text(json.dumps(config))
   with pytest.raises(ValueError, match=message):
     convert.convert(str(folder), str(tmp_path / 'w.npz'))
+
+
+# The golden script's prompts (make_transformers_golden.py's PROMPTS).
+PROMPTS = ['a photo of a Dog.', 'A PICTURE of a cat, sitting!', 'a bird']
+
+
+def test_two_towers_give_transformers_embeddings(tmp_path):
+  """Aimv2Model with no flags: both towers (the image tower's attention
+  pooling and projection, the causal text tower read at its end token),
+  the folder's CLIP tokenizer's ids, transformers' embeddings and
+  logits."""
+  npz = str(tmp_path / 'towers.npz')
+  assert convert.convert(os.path.join(FOLDER, 'towers'),
+                         npz) == 'AIMv2-testing-towers'
+  recorded = transform.load_transform(npz)
+  assert recorded['model']['text'] == {'vocab_size': 521, 'eos_token': 520}
+  pretrained = models.from_pretrained(npz)
+  tokenizer = tokenizers.tokenizer_from_folder(
+      os.path.join(FOLDER, 'towers'), pretrained.model.pp['max_len'])
+  tokens = tokenizer(PROMPTS)
+  np.testing.assert_array_equal(tokens, GOLDEN['towers/input_ids'])
+  zimg, ztxt, out = pretrained.model.apply(
+      {'params': pretrained.params}, images=IMAGES, tokens=tokens)
+  np.testing.assert_allclose(zimg, GOLDEN['towers/image_embeds'], atol=1e-5)
+  np.testing.assert_allclose(ztxt, GOLDEN['towers/text_embeds'], atol=1e-5)
+  np.testing.assert_allclose(out['t'] * zimg @ ztxt.T,
+                             GOLDEN['towers/logits_per_image'], atol=1e-4)
+
+
+def test_text_tower_back_to_transformers_names():
+  """The text tower's parameters back in transformers' names and layout:
+  gate_proj and up_proj apart again, no biases, the scalar logit_scale."""
+  state = load_file(os.path.join(FOLDER, 'towers', 'model.safetensors'))
+  config = json.loads(open(os.path.join(FOLDER, 'towers',
+                                        'config.json')).read())
+  flat, fields, extras = transformers_text.text_tower(state, config)
+  assert fields['mlp_dim'] == 64 and fields['norm'] == 'rmsnorm'
+  back = transformers_text.text_to_transformers(flat, fields, extras, 'aimv2')
+  want = {k: v for k, v in state.items()
+          if k.startswith(('text_model.', 'text_projection.', 'logit_scale'))}
+  assert sorted(back) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_array_equal(back[key], value, err_msg=key)

@@ -63,7 +63,7 @@ ARCHITECTURES = {
     'Aimv2VisionModel': ('aimv2', ''),
     'Aimv2Model': ('aimv2', 'vision_model.'),
 }
-TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model')
+TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model', 'Aimv2Model')
 
 # (transformers module, timm module) of the modules that map one to one,
 # their leaves (weight, bias, ...) alike; {i} is a block's index. Reading
