@@ -229,3 +229,13 @@ def test_text_tower_back_to_transformers_names():
   assert sorted(back) == sorted(want)
   for key, value in want.items():
     np.testing.assert_array_equal(back[key], value, err_msg=key)
+
+
+def test_bare_weights_need_config(tmp_path):
+  """timm's state dict alone does not say its RMSNorms' eps: one line
+  asks for config.json."""
+  bare = tmp_path / 'aimv2.safetensors'
+  shutil.copy(os.path.join(FOLDER, 'timm', 'model.safetensors'), bare)
+  with pytest.raises(ValueError, match="patch_embed.norm.weight.*AIMv2.*"
+                     "config.json"):
+    convert.convert(str(bare), str(tmp_path / 'w.npz'))

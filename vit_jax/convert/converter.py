@@ -467,7 +467,9 @@ _NEEDS_CONFIG = {'blocks.0.attn.relative_position_bias_table':
                  'norm_pre.weight': 'a pre-norm (CLIP: eps, QuickGELU?)',
                  'attn_pool.latent': 'attention pooling (SigLIP: its GELU)',
                  'blocks.0.gamma_1': "timm's Eva (EVA-02, DINOv3: RoPE)",
-                 'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)"}
+                 'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)",
+                 'patch_embed.norm.weight': 'a normalized patch embedding '
+                                            "(AIMv2: RMSNorm's eps)"}
 
 
 def _check_bare(state: Flat, path: str) -> None:

@@ -57,7 +57,10 @@ def dims(flat: Flat) -> Dict[str, Any]:
       patch_bias='embedding/bias' in flat,
       qkv_bias=convert_eva.qkv_bias_of(flat),
       relative_bias=relative_bias(flat),
-      map_head='MAPHead_0/probe' in flat)
+      map_head='MAPHead_0/probe' in flat,
+      # AIMv2's RMSNorms: no preset of LayerNorms has them, nor the reverse.
+      rms_norm='Transformer/encoderblock_0/RMSNorm_0/scale' in flat,
+      patch_norm='embedding_norm/scale' in flat)
 
 
 _OPTIONS = ('swiglu', 'mlp_norm', 'layerscale', 'registers', 'posemb_prefix',
@@ -120,7 +123,9 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               patch_bias=config.get('patch_bias', True),
               qkv_bias=transformer.get('qkv_bias', 'qkv'),
               relative_bias=transformer.get('relative_bias'),
-              map_head=config.classifier == 'map')
+              map_head=config.classifier == 'map',
+              rms_norm=transformer.get('norm') == 'rmsnorm',
+              patch_norm=bool(config.get('patch_norm')))
 
 
 def _misfits(name: str, want: Dict[str, Any]) -> list:
