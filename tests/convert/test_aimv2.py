@@ -81,6 +81,22 @@ def test_timm_back_bit_for_bit(timm_npz, tmp_path):
     np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
+def test_timm_without_pooling_gives_every_token(tmp_path):
+  """global_pool='': every patch token after the final norm (timm's last
+  block's normalized map, from its forward_intermediates)."""
+  folder = tmp_path / 'timm'
+  shutil.copytree(os.path.join(FOLDER, 'timm'), folder)
+  config = json.loads((folder / 'config.json').read_text())
+  config['global_pool'] = config['model_args']['global_pool'] = ''
+  (folder / 'config.json').write_text(json.dumps(config))
+  npz = str(tmp_path / 'w.npz')
+  convert.convert(str(folder), npz)
+  assert transform.load_transform(npz)['model'] == {'classifier': 'unpooled'}
+  tokens = _apply(models.from_pretrained(npz), IMAGES)
+  np.testing.assert_allclose(tokens, GOLDEN['timm/blocks_norm/1'].reshape(
+      tokens.shape), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize('setting,value,message', [
     ('qkv_bias', True, 'qkv_bias=True'),
     ('class_token', True, 'class_token=True'),
