@@ -34,10 +34,15 @@ _ARGS = dict(patch_size=14, class_token=False, fc_norm=False,
              act_layer='silu', norm_layer='rmsnorm',
              embed_norm_layer='rmsnorm', mlp_layer='swiglu',
              layer_norm_eps=1e-5)
+# timm's VisionTransformer (its arguments as `timm_config` reads them).
+# pylint: disable=protected-access
+_VIT_FIXED, _INERT = timm_config._FIXED, timm_config._INERT
+_VIT_DEFAULTS = timm_config._VIT_DEFAULTS
+# pylint: enable=protected-access
 # What vit_jax computes of AIMv2 only at its entrypoints' values.
 _AIMV2 = 'AIMv2 is computed at its entrypoints\' settings'
 _FIXED = dict(
-    timm_config._FIXED,  # pylint: disable=protected-access
+    _VIT_FIXED,
     **{key: (value, _AIMV2) for key, value in _ARGS.items()
        if key not in ('patch_size', 'layer_norm_eps', 'global_pool')},
     init_values=(None, 'LayerScale'), reg_tokens=(0, 'register tokens'),
@@ -48,8 +53,7 @@ _KNOWN = {'embed_dim', 'depth', 'num_heads', 'mlp_ratio', 'patch_size',
 # timm's global_pool -> vit_jax's classifier; 'kv_pool' is transformers'
 # attention-pooling head (`transformers_settings`), which timm lacks.
 _POOLS = {'avg': 'gap', '': 'unpooled', 'kv_pool': 'kv_pool'}
-_DEFAULTS = dict(timm_config._VIT_DEFAULTS,  # pylint: disable=protected-access
-                 qkv_bias=True, proj_bias=True, norm_layer=None,
+_DEFAULTS = dict(_VIT_DEFAULTS, qkv_bias=True, proj_bias=True, norm_layer=None,
                  embed_norm_layer=None)
 
 
@@ -76,15 +80,15 @@ def aimv2_settings(config: Dict[str, Any]) -> Dict[str, Any]:
 def aimv2_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
   """vit_jax's model config for timm's AIMv2 `settings`, or a ValueError
   naming the first one that vit_jax cannot compute."""
-  timm_config.check_settings(settings, _FIXED, _KNOWN | timm_config._INERT)  # pylint: disable=protected-access
+  timm_config.check_settings(settings, _FIXED, _KNOWN | _INERT)
   pool = settings['global_pool']
   if pool not in _POOLS:
     raise timm_config.unsupported('global_pool', pool, "AIMv2's features are "
                                   "the patch mean ('avg') or every patch "
                                   "('')")
   return dict(
-      classifier=_POOLS[pool], fc_norm=False, num_registers=0, posemb_prefix=True,
-      patch_bias=True, patch_norm=True,
+      classifier=_POOLS[pool], fc_norm=False, num_registers=0,
+      posemb_prefix=True, patch_bias=True, patch_norm=True,
       transformer=dict(
           gelu_approximate=False, quick_gelu=False, swiglu=True,
           layerscale_init=None, pre_norm=False, norm='rmsnorm',
