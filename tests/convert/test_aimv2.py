@@ -54,6 +54,15 @@ def test_timm_gives_timms_features(timm_npz):
                              rtol=1e-5, atol=1e-5)
 
 
+def test_timm_scanned_blocks(timm_npz):
+  """The published per-block names (RMSNorm_0, RMSNorm_2) load into the
+  scanned, rematerialized encoder, which computes the same."""
+  pretrained = models.from_pretrained(
+      timm_npz, transformer={'scan': True, 'remat_policy': 'full'})
+  np.testing.assert_allclose(_apply(pretrained, IMAGES), GOLDEN['timm'],
+                             rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('norm', [False, True])
 def test_timm_intermediates(timm_npz, norm):
   """timm's `forward_intermediates` of both blocks (NCHW there, NHWC
