@@ -384,7 +384,8 @@ def _defaults():
       T.Dinov2WithRegistersConfig, T.CLIPConfig, T.CLIPVisionConfig,
       T.CLIPTextConfig, T.SiglipConfig, T.SiglipVisionConfig,
       T.SiglipTextConfig, T.Siglip2Config, T.Siglip2VisionConfig,
-      T.Siglip2TextConfig, T.SwinConfig, T.InternVLVisionConfig)}
+      T.Siglip2TextConfig, T.SwinConfig, T.InternVLVisionConfig, T.Aimv2Config,
+      T.Aimv2VisionConfig, T.Aimv2TextConfig)}
   processors = {}
   for name in ('ViTImageProcessor', 'DeiTImageProcessor', 'CLIPImageProcessor',
                'BitImageProcessor', 'SiglipImageProcessor',

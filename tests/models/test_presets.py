@@ -195,6 +195,24 @@ def _internvit_sizes():
 
 MODEL_SIZES.update(_internvit_sizes())
 
+
+def _aimv2_sizes():
+  """AIMv2's: timm 1.0.31's aimv2_*_patch14_224 of each preset's shapes
+  plus the 1000-class head; the towers, transformers 5.23's Aimv2Model
+  plus the zero biases of its two bias-free projections, which vit_jax's
+  heads have (scripts/make_aimv2_counts.py)."""
+  with open(f'{ROOT}/tests/data/aimv2_param_counts.json') as f:
+    counts = json.load(f)['counts']
+  def extra(name):
+    config = models.MODEL_CONFIGS[name]
+    if name.endswith('-towers'):
+      return sum(config.out_dim)
+    return 1000 * (config.hidden_size + 1)
+  return {name: n + extra(name) for name, n in counts.items()}
+
+
+MODEL_SIZES.update(_aimv2_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 

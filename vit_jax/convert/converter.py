@@ -21,6 +21,7 @@ from vit_jax.checkpoints import files
 from vit_jax.checkpoints import record as records
 from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
+from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import export
 from vit_jax.convert import hub
 from vit_jax.convert import internvit as convert_internvit
@@ -65,7 +66,7 @@ def _check_config_dims(settings, flat: Flat, path: str, layout: str) -> None:
   patch = settings['patch_size']
   patch = tuple(patch) if isinstance(patch, (list, tuple)) else (patch,) * 2
   hidden = int(settings['embed_dim'] * settings['mlp_ratio'])
-  if layout in ('eva', 'beit'):  # Eva's SwiGLU halves: each `hidden` wide
+  if layout in ('eva', 'beit', 'aimv2'):  # SwiGLU halves: each `hidden` wide
     swiglu, mlp_dim = settings['swiglu_mlp'], hidden
     registers = settings.get('num_reg_tokens', 0)
   else:
@@ -195,6 +196,7 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   architecture = config['architecture']
   layout = ('eva' if convert_eva.is_eva(architecture) else
             'beit' if convert_beit.is_beit(architecture) else
+            'aimv2' if convert_aimv2.is_aimv2(architecture) else
             'naflex' if convert_naflex.is_naflex(architecture) else
             'intern' if convert_internvit.is_intern(architecture) else 'vit')
   settings = _LAYOUTS[layout][0](config)
@@ -217,6 +219,8 @@ _LAYOUTS = {
                convert_naflex.to_vit_state),
     'intern': (convert_internvit.timm_settings, convert_internvit.overrides,
                lambda state: state),
+    'aimv2': (convert_aimv2.aimv2_settings, convert_aimv2.aimv2_overrides,
+              convert_aimv2.to_vit_state),
 }
 
 
@@ -233,7 +237,7 @@ def _from_vit(state: Flat, settings, weights: str, model_name, *,
   qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
   if layout in ('eva', 'beit'):
     flat = convert_eva.drop_biases(flat, qkv_bias)
-  _check_complete(flat, weights, overrides)
+  _check_complete(flat, weights, overrides, layout)
   _check_config_dims(settings, flat, weights, layout)
   if model_name is None:
     try:
@@ -280,7 +284,7 @@ def _custom_vit(flat: Flat, settings, overrides) -> Dict[str, Any]:
 _TRANSFORMERS_FAMILIES = {'vit': 'ViT', 'deit': 'DeiT', 'dinov2': 'DINOv2',
                           'mae': 'MAE', 'clip': 'CLIP', 'siglip': 'SigLIP',
                           'siglip2': 'SigLIP 2 NaFlex', 'swin': 'Swin',
-                          'internvl': 'InternViT'}
+                          'internvl': 'InternViT', 'aimv2': 'AIMv2'}
 
 
 def _from_transformers(state: Flat, config, weights: str,
@@ -323,6 +327,9 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
     layout = 'intern'
     settings = convert_internvit.transformers_settings(
         transformers_layout.vision_config(config), settings)
+  elif kind == 'aimv2':
+    settings, layout = convert_aimv2.transformers_settings(
+        transformers_layout.vision_config(config)), 'aimv2'
   source = _from_vit(timm_state, settings, weights, model_name,
                      layout=layout, family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})
@@ -471,7 +478,9 @@ _NEEDS_CONFIG = {'blocks.0.attn.relative_position_bias_table':
                      'a query/key norm (per head, or across the heads?)',
                  'attn_pool.latent': 'attention pooling (SigLIP: its GELU)',
                  'blocks.0.gamma_1': "timm's Eva (EVA-02, DINOv3: RoPE)",
-                 'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)"}
+                 'blocks.0.attn.q_bias': "timm's Eva (EVA-02, DINOv3: RoPE)",
+                 'patch_embed.norm.weight': 'a normalized patch embedding '
+                                            "(AIMv2: RMSNorm's eps)"}
 
 
 def _check_bare(state: Flat, path: str) -> None:
@@ -482,16 +491,18 @@ def _check_bare(state: Flat, path: str) -> None:
 
 
 def _check_complete(flat: Flat, path: str,
-                    overrides: Optional[Dict[str, Any]] = None) -> None:
+                    overrides: Optional[Dict[str, Any]] = None,
+                    layout: str = 'vit') -> None:
   overrides = overrides or {}
   transformer = overrides.get('transformer', {})
-  missing = missing_keys(
+  missing = convert_aimv2.missing_keys(flat) if layout == 'aimv2' else (
+      missing_keys(
       flat, patch_bias=overrides.get('patch_bias', True),
       final_norm=transformer.get('final_norm', True),
       norm_bias=transformer.get('norm', 'layer') == 'layer',
       position_table=overrides.get('posemb', 'learn') == 'learn',
       qkv_biases=QKV_BIASES[transformer.get('qkv_bias', 'qkv')],
-      relative_bias=transformer.get('relative_bias'))
+      relative_bias=transformer.get('relative_bias')))
   if missing:
     raise ValueError(f'{path} lacks what a vit_jax ViT has: '
                      f'{", ".join(missing[:6])} (timm: qkv_bias=False or '

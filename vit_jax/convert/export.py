@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from vit_jax.checkpoints import files
+from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
@@ -49,6 +50,16 @@ def _to_eva(flat: Flat) -> Flat:
   return convert_eva.from_vit_state(state, fused=fused, qkv_bias=qkv_bias)
 
 
+def _is_aimv2_preset(name: str) -> bool:
+  return (name in registry.MODEL_CONFIGS and
+          registry.family(name).timm_layout == 'aimv2')
+
+
+def _to_aimv2(flat: Flat) -> Flat:
+  """Published names -> the state dict of timm's AIMv2."""
+  return convert_aimv2.from_vit_state(npz_to_timm(flat))
+
+
 def _npz_flat(src: str) -> Flat:
   """The published names of an .npz (of a two-tower one's image tower)."""
   params = files.load(src)
@@ -68,11 +79,14 @@ def _npz_preset(flat: Flat) -> str:
 def _timm_state(flat: Flat, model: Dict[str, Any]):
   """(timm's state dict of published names, those that timm has no name
   for: `pre_logits`); a Swin's bias tables at `model`'s window."""
-  extra = {k: v for k, v in flat.items() if k.startswith('pre_logits/')}
+  extra = {k: v for k, v in flat.items()
+           if k.startswith(('pre_logits/', 'KVPoolHead_0/'))}
   rest = {k: v for k, v in flat.items() if k not in extra}
   if convert_swin.is_swin(flat):
     rest = convert_swin.fit_window(rest, model['window_size'])
     return convert_swin.npz_to_timm(rest), extra
+  if model.get('patch_norm'):  # AIMv2's
+    return _to_aimv2(rest), extra
   return npz_to_timm(rest), extra
 
 
@@ -148,6 +162,7 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
   _check_timm_norms(src, flat)
   state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
            _to_eva(flat) if _is_eva_preset(model_name) else
+           _to_aimv2(flat) if _is_aimv2_preset(model_name) else
            npz_to_timm(flat))
   save_file = optional_import('safetensors.numpy', dst).save_file
   save_file({k: np.ascontiguousarray(v, np.float32)

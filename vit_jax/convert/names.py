@@ -32,6 +32,7 @@ _VIT = [
     (r'attn_pool\.mlp\.fc(\d)\.(weight|bias)',
      lambda m: f'MAPHead_0/MlpBlock_0/Dense_{int(m[1]) - 1}/{m[2]}'),
     (r'patch_embed\.proj\.(weight|bias)', r'embedding/\1'),
+    (r'patch_embed\.norm\.(weight|bias)', r'embedding_norm/\1'),  # AIMv2's
     (r'blocks\.(\d+)\.norm1\.(weight|bias)',
      r'Transformer/encoderblock_\1/LayerNorm_0/\2'),
     (r'blocks\.(\d+)\.norm2\.(weight|bias)',
@@ -149,8 +150,8 @@ def _npz_name(key: str, rules) -> str:
     if match:
       name = match.expand(target) if isinstance(target, str) else target(
           match)
-      norm = re.search(r'(LayerNorm_\d|encoder_norm|fc_norm|norm_pre|/norm|'
-                       r'/[qk]_norm|pre_head_layer_norm|gn\w*)/weight$', name)
+      norm = re.search(r'(LayerNorm_\d|\w+_norm|norm_pre|/norm|'
+                       r'pre_head_layer_norm|gn\w*)/weight$', name)
       return re.sub(r'/weight$', '/scale' if norm else '/kernel', name)
   return None
 
@@ -227,7 +228,8 @@ def _timm_keys(flat: Flat) -> list:
         'norm1', 'norm2', 'mlp_tokens.fc1', 'mlp_tokens.fc2',
         'mlp_channels.fc1', 'mlp_channels.fc2']
   else:
-    top = ['patch_embed.proj', 'norm_pre', 'norm', 'fc_norm', 'head',
+    top = ['patch_embed.proj', 'patch_embed.norm', 'norm_pre', 'norm',
+           'fc_norm', 'head',
            'head_dist', 'attn_pool.norm', 'attn_pool.mlp.fc1',
            'attn_pool.mlp.fc2']
     inner = ['norm1', 'norm2', 'mlp.fc1', 'mlp.norm', 'mlp.fc2',

@@ -62,7 +62,8 @@ def dims(flat: Flat) -> Dict[str, Any]:
                                                     'fc_norm')),
       norm=('layer' if 'Transformer/encoderblock_0/LayerNorm_0/bias' in flat
             else 'rms'),
-      qk_norm=qk_norm(flat))
+      qk_norm=qk_norm(flat),
+      patch_norm='embedding_norm/scale' in flat)
 
 
 _OPTIONS = ('swiglu', 'mlp_norm', 'layerscale', 'registers', 'posemb_prefix',
@@ -108,7 +109,8 @@ def posemb_prefix(flat: Flat) -> Optional[bool]:
 def _convertible_presets() -> list:
   """The presets that timm's ViTs, Evas, Beits, NaFlexVits and Mixers can
   be (no LiT, BiT or Swin: `convert.swin` has its own)."""
-  return registry.presets_of('vit', 'eva', 'beit', 'mixer', 'naflex')
+  return registry.presets_of('vit', 'eva', 'beit', 'mixer', 'naflex',
+                             'aimv2')
 
 
 def _preset_dims(name: str) -> Dict[str, Any]:
@@ -139,7 +141,8 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               final_norm=(transformer.get('final_norm', True) or
                           bool(config.get('fc_norm'))),
               norm=transformer.get('norm', 'layer'),
-              qk_norm=transformer.get('qk_norm'))
+              qk_norm=transformer.get('qk_norm'),
+              patch_norm=bool(config.get('patch_norm')))
 
 
 def _misfits(name: str, want: Dict[str, Any]) -> list:

@@ -15,6 +15,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
+from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import transformers_defaults
 from vit_jax.convert.timm_config import mlp_settings
 from vit_jax.convert.transformers_layout import ARCHITECTURES
@@ -130,7 +131,7 @@ def swin_settings(config: Dict[str, Any]) -> Dict[str, Any]:
 _EXPORTED = {'ViT': 'vit', 'DeiT': 'vit', 'MAE': 'mae', 'DINOv2': 'dinov2',
              'CLIP': 'clip', 'SigLIP': 'siglip', 'SigLIP 2': 'siglip',
              'SigLIP 2 NaFlex': 'siglip2', 'Swin': 'swin',
-             'InternViT': 'internvl'}
+             'InternViT': 'internvl', 'AIMv2': 'aimv2'}
 _ANY, _SET = object(), object()  # any value; any but None
 # The ViT settings (the model config's; `transformer.`: the encoder's) that
 # transformers' ViT computes; each architecture's differ as `_WRITTEN` says.
@@ -142,7 +143,8 @@ _PLAIN = {'classifier': 'token', 'representation_size': None,
           'transformer.qkv_bias': 'qkv', 'transformer.rope': None,
           'transformer.mlp_norm': False, 'transformer.relative_bias': None,
           'transformer.final_norm': True, 'transformer.norm': 'layer',
-          'transformer.qk_norm': None}
+          'transformer.qk_norm': None, 'patch_norm': False,
+          'transformer.mlp_bias': True, 'transformer.out_bias': True}
 _DINOV2 = {'transformer.layerscale_init': _SET, 'transformer.swiglu': _ANY}
 _CLIP_TOWER = {'transformer.pre_norm': True, 'patch_bias': False}
 # architecture: (model_type, whether it has a head, its settings).
@@ -169,7 +171,14 @@ _WRITTEN = {
         'transformer.layerscale_init': _SET, 'transformer.final_norm': _ANY,
         'transformer.norm': _ANY, 'transformer.qk_norm': (None, 'all'),
         'transformer.qkv_bias': ('qkv', 'none')}),
+    # Its last_hidden_state, and with 'kv_pool' its head's pooler_output
+    # (`use_head`); 'gap' features are the mean of the former.
+    'Aimv2VisionModel': ('aimv2_vision_model', False, {
+        'classifier': _ANY, 'patch_norm': True, 'transformer.norm': 'rms',
+        'transformer.swiglu': True, 'transformer.qkv_bias': 'none',
+        'transformer.out_bias': False, 'transformer.mlp_bias': False}),
 }
+_AIMV2_CLASSIFIERS = ('gap', 'unpooled', 'kv_pool')
 
 
 def _setting(model: Dict[str, Any], path: str):
@@ -198,6 +207,8 @@ def _target(kind: str, model: Dict[str, Any], head: bool) -> str:
     return 'Siglip2VisionModel'
   if kind == 'internvl':
     return 'InternVLVisionModel'
+  if kind == 'aimv2':
+    return 'Aimv2VisionModel'
   if _setting(model, 'classifier') == 'distilled':
     return 'DeiTForImageClassificationWithTeacher'
   if head:
@@ -216,6 +227,10 @@ def _misfits(arch: str, model: Dict[str, Any]) -> list:
       continue
     wrong.append(f'{path}={have!r} (transformers: '
                  f'{"set" if want is _SET else repr(want)})')
+  classifier = _setting(model, 'classifier')
+  if arch == 'Aimv2VisionModel' and classifier not in _AIMV2_CLASSIFIERS:
+    wrong.append(f'classifier={classifier!r} (transformers: one of '
+                 f'{_AIMV2_CLASSIFIERS})')
   height, width = model['patches']['size']
   if height != width:
     wrong.append(f'patches.size={height, width} (transformers: square)')
@@ -303,6 +318,10 @@ def _vit_config(kind: str, model: Dict[str, Any], flat: Flat):
   attention = float(_setting(model, 'transformer.attention_dropout_rate'))
   if kind in ('clip', 'siglip', 'siglip2', 'internvl'):
     return dict(config, attention_dropout=attention)
+  if kind == 'aimv2':
+    config.pop('layer_norm_eps')
+    return dict(config, **convert_aimv2.transformers_config(model),
+                attention_dropout=attention)
   return dict(config, qkv_bias=True, attention_probs_dropout_prob=attention,
               hidden_dropout_prob=float(
                   _setting(model, 'transformer.dropout_rate')))

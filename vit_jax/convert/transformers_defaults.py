@@ -67,6 +67,19 @@ CONFIGS = {
         image_size=[448, 448], patch_size=[14, 14], num_channels=3,
         use_absolute_position_embeddings=True, layer_scale_init_value=0.1,
         use_mean_pooling=True),
+    # AIMv2: its L/14 at 224 px; the two-tower model's LiT text tower.
+    'aimv2': dict(projection_dim=512, logit_scale_init_value=2.6592,
+                  max_logit_scale=100.0),
+    'aimv2_vision_model': dict(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
+        num_attention_heads=8, num_channels=3, image_size=224, patch_size=14,
+        hidden_act='silu', rms_norm_eps=1e-5, qkv_bias=False, mlp_bias=False,
+        use_head=True, is_native=False),
+    'aimv2_text_model': dict(
+        vocab_size=49408, hidden_size=768, intermediate_size=2048,
+        num_hidden_layers=12, num_attention_heads=6,
+        max_position_embeddings=77, hidden_act='silu', eos_token_id=49407,
+        rms_norm_eps=1e-5, qkv_bias=False, mlp_bias=False),
     'swin': dict(image_size=224, patch_size=4, num_channels=3, embed_dim=96,
                  depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                  window_size=7, mlp_ratio=4.0, qkv_bias=True,
@@ -81,6 +94,8 @@ SUB_CONFIGS = {
                'text_config': 'siglip_text_model'},
     'siglip2': {'vision_config': 'siglip2_vision_model',
                 'text_config': 'siglip2_text_model'},
+    'aimv2': {'vision_config': 'aimv2_vision_model',
+              'text_config': 'aimv2_text_model'},
 }
 
 

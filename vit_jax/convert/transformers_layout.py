@@ -30,6 +30,11 @@ What each architecture becomes (docs/checkpoints.md lists the names):
 - `InternVLVisionModel`: InternViT (`convert.internvit`): separate
   projections, LayerScale `lambda_1`, `lambda_2`, query/key norms across
   the heads (`q_norm`, `k_norm`); `layernorm` only without mean pooling.
+- `Aimv2VisionModel` and the image tower of `Aimv2Model`: timm's AIMv2
+  (`convert.aimv2`: RMSNorm, SwiGLU gate/up as fc1_g/fc1_x, no biases)
+  and, with `use_head`, its attention-pooling head (`KVPoolHead_0`, which
+  timm lacks: published names beside timm's); `Aimv2Model`'s bias-free
+  `visual_projection` is the head, as CLIP's.
 """
 
 import re
@@ -59,8 +64,10 @@ ARCHITECTURES = {
     'Siglip2Model': ('siglip2', 'vision_model.'),
     'SwinForImageClassification': ('swin', 'swin.'),
     'InternVLVisionModel': ('internvl', ''),
+    'Aimv2VisionModel': ('aimv2', ''),
+    'Aimv2Model': ('aimv2', 'vision_model.'),
 }
-TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model')
+TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model', 'Aimv2Model')
 
 # (transformers module, timm module) of the modules that map one to one,
 # their leaves (weight, bias, ...) alike; {i} is a block's index. Reading
@@ -151,9 +158,20 @@ _INTERNVL = [
     ('encoder.layer.{i}.lambda_2', 'blocks.{i}.ls2.gamma'),
     ('layernorm', 'norm'),
 ]
+_AIMV2 = [
+    ('embeddings.patch_embed', 'patch_embed.proj'),
+    ('embeddings.rms_norm', 'patch_embed.norm'),
+    ('encoder.layers.{i}.rms_norm1', 'blocks.{i}.norm1'),
+    ('encoder.layers.{i}.rms_norm2', 'blocks.{i}.norm2'),
+    ('encoder.layers.{i}.attention.out_proj', 'blocks.{i}.attn.proj'),
+    ('encoder.layers.{i}.ffn.gate_proj', 'blocks.{i}.mlp.fc1_g'),
+    ('encoder.layers.{i}.ffn.up_proj', 'blocks.{i}.mlp.fc1_x'),
+    ('encoder.layers.{i}.ffn.down_proj', 'blocks.{i}.mlp.fc2'),
+    ('rms_norm', 'norm'),
+]
 _RULES = {'vit': _VIT, 'deit': _VIT, 'dinov2': _VIT, 'mae': _VIT,
           'clip': _CLIP, 'siglip': _CLIP, 'siglip2': _CLIP, 'swin': _SWIN,
-          'internvl': _INTERNVL}
+          'internvl': _INTERNVL, 'aimv2': _AIMV2}
 # Separate projections (transformers' module, its parts in timm's order)
 # and timm's fused one.
 _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
@@ -163,7 +181,14 @@ _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
         'swin': ('encoder.layers.{i}.blocks.{j}.attention.self.{part}',
                  ('query', 'key', 'value'), 'layers.{i}.blocks.{j}.attn.qkv'),
         'internvl': ('encoder.layer.{i}.attention.{part}_proj', ('q', 'k', 'v'),
-                     'blocks.{i}.attn.qkv')}
+                     'blocks.{i}.attn.qkv'),
+        'aimv2': ('encoder.layers.{i}.attention.{part}_proj', ('q', 'k', 'v'),
+                  'blocks.{i}.attn.qkv')}
+# AIMv2's attention-pooling head: transformers' module -> vit_jax's
+# published name, and the layout of its weight (`_head_to_npz`).
+_KV_POOL = {'head.k_proj': ('KVPoolHead_0/key', 'heads'),
+            'head.v_proj': ('KVPoolHead_0/value', 'heads'),
+            'head.output_proj': ('KVPoolHead_0/out', 'out')}
 # Parameters that only pre-training uses, or the text side of two towers,
 # dropped with a note.
 _DROPPED = (r'(\w+\.)?embeddings\.mask_token', r'decoder\..*',
@@ -198,8 +223,8 @@ def architecture(config: Dict[str, Any]) -> str:
 
 
 def kind(config: Dict[str, Any]) -> str:
-  """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2', 'swin'
-  or 'internvl'."""
+  """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2', 'swin',
+  'internvl' or 'aimv2'."""
   return ARCHITECTURES[architecture(config)][0]
 
 
@@ -252,7 +277,8 @@ def _image_tower(state: Flat, prefix: str) -> Tuple[Flat, list]:
 def _qkv(family: str):
   """(transformers' module, its parts, timm's module) of the projections."""
   return _QKV[{'clip': 'clip', 'siglip': 'clip', 'siglip2': 'clip',
-               'swin': 'swin', 'internvl': 'internvl'}.get(family, 'vit')]
+               'swin': 'swin', 'internvl': 'internvl',
+               'aimv2': 'aimv2'}.get(family, 'vit')]
 
 
 def _fuse(state: Flat, family: str) -> Tuple[Flat, Flat]:
@@ -319,6 +345,9 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
     elif key.startswith('pooler.dense.'):  # ViTModel's tanh pooler
       leaf = 'kernel' if key.endswith('weight') else 'bias'
       extra[f'pre_logits/{leaf}'] = value.T if leaf == 'kernel' else value
+    elif family == 'aimv2' and key.startswith('head.'):
+      extra.update(_head_to_npz(key, value, vision_config(config)[
+          'num_attention_heads']))
     else:
       unknown.append(prefix + key)
   if unknown:
@@ -327,6 +356,39 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   if arch == 'Dinov2WithRegistersModel':
     out = _fold_class_entry(out)
   return out, extra, dropped
+
+
+def _head_to_npz(key: str, value: np.ndarray, heads: int) -> Flat:
+  """AIMv2's head parameter `key` (torch's layout) by its published name:
+  the probe (1, 1, D); key and value kernels (D, H, K), out's (H, K, D)."""
+  if key == 'head.cls_token':
+    return {'KVPoolHead_0/probe': value}
+  module, leaf = key.rsplit('.', 1)
+  if module not in _KV_POOL:
+    raise ValueError(f"transformers' AIMv2 head: {key} has no counterpart "
+                     'in vit_jax.')
+  name, layout = _KV_POOL[module]
+  if leaf == 'bias':
+    return {f'{name}/bias': value}
+  kernel = (value.T.reshape(value.shape[1], heads, -1) if layout == 'heads'
+            else value.T.reshape(heads, -1, value.shape[0]))
+  return {f'{name}/kernel': kernel}
+
+
+def _head_from_npz(extra: Flat) -> Flat:
+  """`_head_to_npz`'s reverse, of the published names in `extra`."""
+  out = {}
+  if 'KVPoolHead_0/probe' in extra:
+    out['head.cls_token'] = extra['KVPoolHead_0/probe']
+  for module, (name, layout) in _KV_POOL.items():
+    kernel = extra.get(f'{name}/kernel')
+    if kernel is not None and layout == 'heads':  # (D, H, K) -> (H K, D)
+      out[f'{module}.weight'] = kernel.reshape(kernel.shape[0], -1).T
+    elif kernel is not None:  # (H, K, D) -> (D, H K)
+      out[f'{module}.weight'] = kernel.reshape(-1, kernel.shape[-1]).T
+    if f'{name}/bias' in extra:
+      out[f'{module}.bias'] = extra[f'{name}/bias']
+  return out
 
 
 _PATCH_LINEAR = 'embeddings.patch_embedding.weight'
@@ -403,6 +465,10 @@ def _special_from_timm(state: Flat, extra: Flat,
   if 'pre_logits/kernel' in extra:  # ViTModel's tanh pooler
     out['pooler.dense.weight'] = extra['pre_logits/kernel'].T
     out['pooler.dense.bias'] = extra['pre_logits/bias']
+  if family == 'aimv2':
+    out.update(_head_from_npz(extra))
+    if 'pos_embed' in state:  # an nn.Embedding
+      out['embeddings.position_embedding.weight'] = state.pop('pos_embed')[0]
   return out, state
 
 

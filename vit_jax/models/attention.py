@@ -208,12 +208,14 @@ class SelfAttention(nn.Module):
   """Multi-head self-attention with flax's parameters (`query`, `key`,
   `value`: (D, heads, D / heads); `out`), whose projections may lack biases:
   `qkv_bias` 'qv' (EVA-02, DINOv3's `_qkvb`: a key bias adds the same logit
-  to every key of a query, which the softmax cancels) or 'none' (DINOv3).
-  With `qk_norm` (one of QK_NORMS), the projected queries and keys go
-  through `norm_fn(name=...)`, `q_norm` and `k_norm`. The blocks use flax's
-  own module for 'qkv' without a query/key norm."""
+  to every key of a query, which the softmax cancels) or 'none' (DINOv3);
+  `out_bias` False: the output projection has none either (AIMv2). With
+  `qk_norm` (one of QK_NORMS), the projected queries and keys go through
+  `norm_fn(name=...)`, `q_norm` and `k_norm`. The blocks use flax's own
+  module for 'qkv' with `out_bias` and without a query/key norm."""
   num_heads: int
   qkv_bias: str = 'qkv'
+  out_bias: bool = True
   dropout_rate: float = 0.
   deterministic: bool = True
   attention_fn: Any = attention
@@ -245,7 +247,7 @@ class SelfAttention(nn.Module):
         module=self if sow_weights else None)
     return nn.DenseGeneral(width, axis=(-2, -1), dtype=self.dtype,
                            kernel_init=nn.initializers.xavier_uniform(),
-                           name='out')(x)
+                           use_bias=self.out_bias, name='out')(x)
 
   def _normed(self, x, name):
     """(batch, tokens, heads, depth) `x` normalized per head, or over the

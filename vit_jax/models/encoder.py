@@ -2,8 +2,8 @@
 `Encoder` (position embedding, the blocks, the final norm), in the original
 release's parameter names. Options beyond the original (relative bias,
 BEiT's relative position tables, RoPE, LayerScale, SwiGLU, CLIP's
-pre-norm, LayerNorm epsilon, attention without some biases, RMSNorm,
-query/key norms) are attributes with the original's defaults.
+pre-norm, LayerNorm epsilon or RMSNorm, attention and MLP without some
+biases, query/key norms) are attributes with the original's defaults.
 """
 
 import functools
@@ -69,9 +69,11 @@ class Encoder1DBlock(nn.Module):
       'qkv', 'qv' or 'none' (`SelfAttention`).
     layer_norm_eps: of the LayerNorms (1e-6; CLIP's and DINOv3's 1e-5).
     quick_gelu, mlp_norm: the MLP's QuickGELU, and its `inner_norm`.
+    mlp_bias, out_bias: the MLP's Dense layers, and the attention's output
+      projection, have biases (AIMv2's have none).
     rope_half: RoPE rotates pairs half a head apart (DINOv3).
     norm: the norms' kind, one of `layers.NORMS` ('layer'; 'rms':
-      RMSNorm, InternViT-6B's), named `LayerNorm_0` and `LayerNorm_1`.
+      RMSNorm, InternViT-6B's and AIMv2's), named `LayerNorm_0` and `LayerNorm_1`.
     qk_norm: normalize queries and keys with a norm of that kind (and
       `layer_norm_eps`), per head or across all heads (`SelfAttention`).
     scanned: return (output, None), as the body of `nn.scan`; (output,
@@ -91,6 +93,8 @@ class Encoder1DBlock(nn.Module):
   layer_norm_eps: float = 1e-6
   quick_gelu: bool = False
   mlp_norm: bool = False
+  mlp_bias: bool = True
+  out_bias: bool = True
   rope_half: bool = False
   norm: str = 'layer'
   qk_norm: Optional[str] = None
@@ -143,7 +147,7 @@ class Encoder1DBlock(nn.Module):
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
                  gelu_approximate=self.gelu_approximate, swiglu=self.swiglu,
                  quick_gelu=self.quick_gelu, inner_norm=self.mlp_norm,
-                 layer_norm_eps=self.layer_norm_eps,
+                 layer_norm_eps=self.layer_norm_eps, use_bias=self.mlp_bias,
                  dtype=self.dtype)(y, deterministic=deterministic)
     y = self._scale(y, 'ls2')
     y = DropPath(self.drop_path_rate)(y, deterministic=deterministic)
@@ -160,9 +164,9 @@ class Encoder1DBlock(nn.Module):
                     attention_fn=functools.partial(attention, **options),
                     dtype=self.dtype)
     sow = self.is_mutable_collection('intermediates')
-    if self.qkv_bias != 'qkv' or self.qk_norm:
+    if self.qkv_bias != 'qkv' or self.qk_norm or not self.out_bias:
       return SelfAttention(qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
-                           norm_fn=norm,
+                           norm_fn=norm, out_bias=self.out_bias,
                            name='MultiHeadDotProductAttention_0',
                            **settings)(x, mask=mask, sow_weights=sow)
     return nn.MultiHeadDotProductAttention(
@@ -211,9 +215,9 @@ class Encoder(nn.Module):
       of ROPES (`rope_angles`): 'eva02' (`rope_theta` 1e4, positions
       rescaled to `rope_ref_grid`) or 'dinov3' (`rope_theta` 100); prefix
       tokens are not rotated.
-    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm, norm, qk_norm: see
-      `Encoder1DBlock`; `norm` is also that of `norm_pre` and
-      `encoder_norm`.
+    qkv_bias, layer_norm_eps, quick_gelu, mlp_norm, norm, qk_norm,
+      mlp_bias, out_bias: see `Encoder1DBlock`; `norm` is also that of
+      `norm_pre` and `encoder_norm`.
     posemb_grid: make the 'learn' table at this (h, w) and resize it to
       each call's grid (`flexi`); set by `VisionTransformer`.
   """
@@ -244,6 +248,8 @@ class Encoder(nn.Module):
   mlp_norm: bool = False
   norm: str = 'layer'
   qk_norm: Optional[str] = None
+  mlp_bias: bool = True
+  out_bias: bool = True
   posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
 
@@ -433,7 +439,8 @@ class Encoder(nn.Module):
                     qkv_bias=self.qkv_bias, layer_norm_eps=self.layer_norm_eps,
                     quick_gelu=self.quick_gelu, mlp_norm=self.mlp_norm,
                     rope_half=self.rope == 'dinov3', norm=self.norm,
-                    qk_norm=self.qk_norm, dtype=self.dtype)
+                    qk_norm=self.qk_norm, mlp_bias=self.mlp_bias,
+                    out_bias=self.out_bias, dtype=self.dtype)
     return block, settings
 
   def _scanned(self, block, length):

@@ -57,6 +57,7 @@ class MlpBlock(nn.Module):
     quick_gelu: x * sigmoid(1.702 x) instead of GELU (OpenAI's CLIP).
     inner_norm: a LayerNorm `norm` on the hidden features (EVA-02's
       `scale_mlp`, NormFormer's), with `layer_norm_eps`.
+    use_bias: the Dense layers have biases (AIMv2's have none).
   """
   mlp_dim: int
   out_dim: Optional[int] = None
@@ -66,6 +67,7 @@ class MlpBlock(nn.Module):
   quick_gelu: bool = False
   inner_norm: bool = False
   layer_norm_eps: float = 1e-6
+  use_bias: bool = True
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.normal(stddev=1e-6)
   dtype: Any = jnp.float32
@@ -73,7 +75,8 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, inputs, *, deterministic):
     dense = functools.partial(nn.Dense, kernel_init=self.kernel_init,
-                              bias_init=self.bias_init, dtype=self.dtype)
+                              bias_init=self.bias_init, use_bias=self.use_bias,
+                              dtype=self.dtype)
     if self.swiglu:
       x1, x2 = jnp.split(dense(2 * self.mlp_dim)(inputs), 2, axis=-1)
       x = nn.silu(x1) * x2
@@ -167,3 +170,27 @@ class MAPHead(nn.Module):
                      gelu_approximate=self.gelu_approximate,
                      dtype=self.dtype)(y, deterministic=True)
     return x[:, 0] if mask is None else x
+
+
+class KVPoolHead(nn.Module):
+  """AIMv2's attention pooling (transformers' Aimv2AttentionPoolingHead): a
+  learned `probe`, split into heads as it is (no query projection), attends
+  through bias-free `key` and `value` projections; `out` projects the
+  result. No norm, no MLP: (batch, D) of (batch, tokens, D) `x`."""
+  num_heads: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    heads = (self.num_heads, d // self.num_heads)
+    probe = self.param('probe', nn.initializers.normal(stddev=0.02),
+                       (1, 1, d))
+    query = jnp.broadcast_to(probe.reshape(1, 1, *heads),
+                             (n, 1, *heads)).astype(x.dtype)
+    project = functools.partial(nn.DenseGeneral, heads, use_bias=False,
+                                dtype=self.dtype)
+    y = attention(query, project(name='key')(x), project(name='value')(x),
+                  deterministic=True)
+    return nn.DenseGeneral(d, axis=(-2, -1), dtype=self.dtype,
+                           name='out')(y)[:, 0]

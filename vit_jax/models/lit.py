@@ -71,6 +71,8 @@ class TextTransformer(nn.Module):
       largest token id (the end token of CLIP's vocabulary: transformers'
       legacy pooling); 'eos', the first position of `eos_token`.
     eos_token: the end token's id, for pool='eos'.
+    norm, swiglu, qkv_bias, out_bias, mlp_bias: see `models_vit.Encoder`
+      (AIMv2's: RMSNorm, SwiGLU, no biases).
   """
   num_classes: Optional[int] = None
   width: int = 512
@@ -85,6 +87,11 @@ class TextTransformer(nn.Module):
   causal: bool = False
   pool: str = 'last'
   eos_token: Optional[int] = None
+  norm: str = 'layer'
+  swiglu: bool = False
+  qkv_bias: str = 'qkv'
+  out_bias: bool = True
+  mlp_bias: bool = True
 
   @nn.compact
   def __call__(self, tokens, *, train=False):
@@ -104,7 +111,9 @@ class TextTransformer(nn.Module):
         num_heads=self.num_heads, dropout_rate=self.dropout_rate,
         attention_dropout_rate=0., add_position_embedding=False,
         layer_norm_eps=self.layer_norm_eps,
-        gelu_approximate=self.gelu_approximate, quick_gelu=self.quick_gelu)(
+        gelu_approximate=self.gelu_approximate, quick_gelu=self.quick_gelu,
+        norm=self.norm, swiglu=self.swiglu, qkv_bias=self.qkv_bias,
+        out_bias=self.out_bias, mlp_bias=self.mlp_bias)(
             x, train=train,
             mask=nn.make_causal_mask(tokens) if self.causal else None)
     x = out['pre_logits'] = self._pool(x, tokens)

@@ -21,7 +21,9 @@ from vit_jax.models import intermediates
 from vit_jax.models import ops
 from vit_jax.models import resnet as models_resnet
 from vit_jax.models.layers import IdentityLayer
+from vit_jax.models.layers import KVPoolHead
 from vit_jax.models.layers import MAPHead
+from vit_jax.models.layers import make_norm
 from vit_jax.models.posemb import check_image_size
 from vit_jax.models.posemb import patch_size
 # pylint: disable=unused-import
@@ -44,7 +46,7 @@ from vit_jax.models.posemb import rope_head_dim
 # pylint: enable=unused-import
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled',
-               'distilled', 'token_gap')
+               'distilled', 'token_gap', 'kv_pool')
 
 
 def num_prefix_tokens(classifier_or_config) -> int:
@@ -115,7 +117,8 @@ class VisionTransformer(nn.Module):
       with its head, `head` and `head_dist`: their mean at evaluation, the
       pair (class logits, distillation logits) in training; without a head
       the mean of the two tokens) or 'token_gap' (a class token, but the
-      mean of the patch tokens is pooled: timm's EVA-02 and DINOv3).
+      mean of the patch tokens is pooled: timm's EVA-02 and DINOv3) or
+      'kv_pool' (AIMv2's attention pooling in transformers, `KVPoolHead`).
     posemb: position embedding scheme, one of POSEMBS; see `Encoder`.
     num_registers: learned register tokens `reg` (Darcet et al., 2024)
       after the class (and distillation) token; dropped before the head,
@@ -126,6 +129,9 @@ class VisionTransformer(nn.Module):
       encoder's final `encoder_norm` (timm's MAE fine-tuning with 'gap').
     head_bias_init: initial bias of the zero-initialized head.
     patch_bias: the patch embedding has a bias (not CLIP's).
+    patch_norm: the patch embeddings go through a norm `embedding_norm`
+      of the blocks' kind (`transformer.norm`) before the position
+      embedding (AIMv2's RMSNorm).
     posemb_grid: FlexiViT: the (h, w) of the 'learn' table, resized to the
       tokens' grid at every call; None: the grid of the images at init.
     dtype: of the computation, e.g. jnp.bfloat16 or 'bfloat16'. Parameters
@@ -144,6 +150,7 @@ class VisionTransformer(nn.Module):
   fc_norm: bool = False
   head_bias_init: float = 0.
   patch_bias: bool = True
+  patch_norm: bool = False
   posemb_grid: Optional[Any] = None
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
@@ -233,6 +240,10 @@ class VisionTransformer(nn.Module):
                   dtype=dtype)(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
+    if self.patch_norm:
+      x = make_norm(self.transformer.get('norm', 'layer'),
+                    self.transformer.get('layer_norm_eps', 1e-6), dtype,
+                    name='embedding_norm')(x)
     if mask is not None:  # zeros at init, as DINOv2's
       if mask.shape != x.shape[:2]:
         raise ValueError(f'mask must be (batch, patches) = {x.shape[:2]}, '
@@ -273,6 +284,9 @@ class VisionTransformer(nn.Module):
                   gelu_approximate=self.transformer.get('gelu_approximate',
                                                         True),
                   layer_norm_eps=eps, dtype=dtype)(x)
+    elif self.classifier == 'kv_pool':
+      x = KVPoolHead(num_heads=self.transformer['num_heads'],
+                     dtype=dtype)(x)
     if self.fc_norm:
       x = ops.LayerNorm(name='fc_norm', epsilon=eps, dtype=dtype)(x)
 
