@@ -37,7 +37,7 @@ _ARGS = dict(patch_size=14, class_token=False, fc_norm=False,
 # timm's VisionTransformer (its arguments as `timm_config` reads them).
 # pylint: disable=protected-access
 _VIT_FIXED, _INERT = timm_config._FIXED, timm_config._INERT
-_VIT_DEFAULTS = timm_config._VIT_DEFAULTS
+_VIT_DEFAULTS = timm_config.VIT_DEFAULTS
 # pylint: enable=protected-access
 # What vit_jax computes of AIMv2 only at its entrypoints' values.
 _AIMV2 = 'AIMv2 is computed at its entrypoints\' settings'

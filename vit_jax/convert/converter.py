@@ -321,15 +321,15 @@ def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
     transformers_config.swin_settings(config)  # refuses what it cannot
     source = _from_swin(timm_state, {}, model_name)
     return source._replace(transform=transform)
-  settings = transformers_config.vit_settings(config)
-  layout = 'vit'
+  if kind == 'aimv2':  # not a ViT's settings: read on their own
+    settings, layout = convert_aimv2.transformers_settings(
+        transformers_layout.vision_config(config)), 'aimv2'
+  else:
+    settings, layout = transformers_config.vit_settings(config), 'vit'
   if kind == 'internvl':
     layout = 'intern'
     settings = convert_internvit.transformers_settings(
         transformers_layout.vision_config(config), settings)
-  elif kind == 'aimv2':
-    settings, layout = convert_aimv2.transformers_settings(
-        transformers_layout.vision_config(config)), 'aimv2'
   source = _from_vit(timm_state, settings, weights, model_name,
                      layout=layout, family=family, transform=transform)
   return source._replace(flat={**source.flat, **extra})

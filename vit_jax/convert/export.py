@@ -159,11 +159,13 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
         'would resize its table otherwise, and its NaFlexVit layout is not '
         'written here; write it with --layout=transformers '
         '(Siglip2VisionModel).')
-  _check_timm_norms(src, flat)
-  state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat) else
-           _to_eva(flat) if _is_eva_preset(model_name) else
-           _to_aimv2(flat) if _is_aimv2_preset(model_name) else
-           npz_to_timm(flat))
+  if _is_aimv2_preset(model_name):  # timm's AIMv2 holds its RMSNorms
+    state = _to_aimv2(flat)
+  else:
+    _check_timm_norms(src, flat)
+    state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat)
+             else _to_eva(flat) if _is_eva_preset(model_name) else
+             npz_to_timm(flat))
   save_file = optional_import('safetensors.numpy', dst).save_file
   save_file({k: np.ascontiguousarray(v, np.float32)
              for k, v in state.items()}, dst)
