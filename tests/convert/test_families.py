@@ -100,7 +100,7 @@ def test_back_to_timm_bit_for_bit(tmp_path, case):
     ('eva02', 'qk_norm', True, 'qk_norm=True .* normalizes queries and keys'),
     ('eva02', 'rope_type', 'mixed', "rope_type='mixed'"),
     ('dinov3', 'use_post_norm', True, 'use_post_norm=True .* post-norm'),
-    ('dinov3', 'attn_type', 'rope', "attn_type='rope'"),
+    ('dinov3', 'attn_type', 'diff', "attn_type='diff'"),
     ('siglip', 'class_token', True, "class_token=True .* MAP head"),
     ('clip', 'qk_norm', True, 'qk_norm=True'),
     ('eva02', 'some_new_setting', 1, 'does not know what it changes'),

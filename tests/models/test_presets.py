@@ -213,6 +213,18 @@ def _aimv2_sizes():
 
 MODEL_SIZES.update(_aimv2_sizes())
 
+
+def _pe_sizes():
+  """Perception Encoder's: timm 1.0.31's counts of each preset's
+  vit_pe_* entrypoint at 224 px with a 1000-class head; the testing ones
+  at embed_dim=32, depth=2, num_heads=2, mlp_ratio=2
+  (scripts/make_pe_golden.py)."""
+  with open(f'{ROOT}/tests/data/pe_param_counts.json') as f:
+    return json.load(f)['counts']
+
+
+MODEL_SIZES.update(_pe_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 
@@ -224,6 +236,10 @@ def test_all_tested():
 def test_param_count(name):
   two_towers = models.model_class(name) is models.LitModel
   kw = {} if two_towers else dict(num_classes=1000)
+  if models.model_class(name) is models.VisionTransformer:
+    # Scanned blocks: the same parameters, stacked, traced once (cheaper).
+    kw['transformer'] = dict(models.MODEL_CONFIGS[name].transformer,
+                             scan=True)
   model = models.get_model(name, **kw)
   assert isinstance(model, models.model_class(name))
   # A Swin's side is a multiple of its window's (384 px for Swin-B_384).

@@ -311,7 +311,8 @@ def _abstract(tree) -> bool:
 
 def _fit_head(params, init_params, new_head, path):
   """The model's fresh head, or the file's; `pre_logits` if the model has
-  them (the model's own, when fine-tuning from a file without)."""
+  them (the model's own, when fine-tuning from a file without); the MAP
+  head if the model has one."""
   for head in ('head', 'head_dist'):  # head_dist: DeiT's distillation head
     if new_head and head in init_params:
       if _abstract(init_params[head]):
@@ -322,6 +323,10 @@ def _fit_head(params, init_params, new_head, path):
       _note(path, f"new {head} {kernel} (the model's initial one)")
     elif head not in init_params and params.pop(head, None):
       _note(path, f'dropped the {head} (the model has none)')
+  # A model that reads every token ('unpooled') has no attention pool.
+  if 'MAPHead_0' not in init_params and params.pop('MAPHead_0', None):
+    _note(path, 'dropped the MAP head MAPHead_0 (the model pools without '
+          'it)')
   if not _has_pre_logits(init_params):
     # inspect_params gives back the model's {} if it has a parameter-less
     # one.

@@ -233,7 +233,7 @@ def _from_vit(state: Flat, settings, weights: str, model_name, *,
   state = _fc_norm_as_final(state, overrides['classifier'] in (
       'token', 'distilled') and (uses_fc_norm(settings) if layout == 'vit'
                                  else 'fc_norm.weight' in state))
-  flat = timm_to_npz(state, settings['num_heads'])
+  flat = timm_to_npz(state, settings['num_heads'], overrides.get('map_heads'))
   qkv_bias = overrides['transformer'].get('qkv_bias', 'qkv')
   if layout in ('eva', 'beit'):
     flat = convert_eva.drop_biases(flat, qkv_bias)

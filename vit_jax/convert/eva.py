@@ -1,4 +1,5 @@
-"""timm's Eva (`eva.py`: EVA-02, DINOv3) <-> vit_jax's ViT.
+"""timm's Eva (`eva.py`: EVA-02, DINOv3, Perception Encoder) <-> vit_jax's
+ViT.
 
 Its config.json is read as the ViT's is: every setting that changes the
 computation is mapped or refused by name. Its state dict is put in the ViT's
@@ -6,6 +7,7 @@ timm names first, so that `convert.names` maps it (timm -> ViT names):
 
   blocks.{i}.gamma_1, gamma_2             blocks.{i}.ls1.gamma, ls2.gamma
   blocks.{i}.attn.q_bias, v_bias (fused)  blocks.{i}.attn.qkv.bias (key: 0)
+  (PE's attn_type='rope': qkv.bias as it is, the key's too)
   blocks.{i}.attn.{q,k,v}_proj (apart)    blocks.{i}.attn.qkv
   blocks.{i}.mlp.fc1_g, fc1_x (SwiGLU)    blocks.{i}.mlp.fc1 ([gate, x])
 
@@ -21,6 +23,7 @@ from vit_jax.convert.timm_config import check_settings
 from vit_jax.convert.timm_config import read_settings
 from vit_jax.convert.timm_config import SIZES  # Eva's sizes are the ViT's
 from vit_jax.convert.timm_config import unsupported
+from vit_jax.models.posemb import ROPE_INDEXINGS
 
 Flat = Dict[str, np.ndarray]
 
@@ -33,21 +36,18 @@ _DEFAULTS = dict(
     rope_type='cat', rope_temperature=10000., rope_rotate_half=False,
     ref_feat_shape=None, use_pre_transformer_norm=False,
     use_post_transformer_norm=None, use_fc_norm=None, dynamic_img_size=False,
-    layer_norm_eps=1e-6)
+    layer_norm_eps=1e-6, attn_type='eva', rope_grid_offset=0.,
+    rope_grid_indexing='ij', attn_pool_num_heads=None,
+    attn_pool_mlp_ratio=None)
 # Settings vit_jax computes only at timm's default, and why not else.
 _FIXED = {
     'num_kv_heads': (None, 'grouped-query attention'),
     'qk_norm': (False, 'it normalizes queries and keys'),
     'scale_attn_inner': (False, 'it normalizes inside the attention'),
-    'attn_type': ('eva', 'another attention'),
     'swiglu_align_to': (0, 'its SwiGLU pads the hidden width'),
     'attn_only_layer_scale': (False, 'LayerScale on attention only'),
     'use_post_norm': (False, 'post-norm blocks'),
-    'rope_grid_offset': (0., 'shifted RoPE positions'),
-    'rope_grid_indexing': ('ij', "RoPE's 'xy' indexing"),
     'rope_mrope_section': (None, 'multimodal RoPE'),
-    'attn_pool_num_heads': (None, 'attention pooling'),
-    'attn_pool_mlp_ratio': (None, 'attention pooling'),
     'dynamic_img_pad': (False, 'it pads images to whole patches'),
     'in_chans': (3, "vit_jax's pipelines feed RGB images"),
     'norm_layer': (None, 'another norm'),
@@ -62,7 +62,8 @@ _INERT = {'img_size', 'num_classes', 'drop_rate', 'pos_drop_rate',
 
 
 def is_eva(architecture: str) -> bool:
-  return bool(re.fullmatch(r'eva02_\w+|vit_\w+_dinov3\w*', architecture))
+  return bool(re.fullmatch(r'eva02_\w+|vit_\w+_dinov3\w*|vit_pe_\w+',
+                           architecture))
 
 
 def _architecture_args(name: str) -> Dict[str, Any]:
@@ -82,10 +83,43 @@ def _architecture_args(name: str) -> Dict[str, Any]:
                 rope_temperature=100, rope_rotate_half=True,
                 use_rot_pos_emb=True, use_abs_pos_emb=False, num_reg_tokens=4,
                 use_fc_norm=False, layer_norm_eps=1e-5)
+  pe = re.fullmatch(r'vit_pe_(core|spatial|lang)_(tiny|small|base|large|'
+                    r'gigantic)_patch(\d+)_\d+', name)
+  if pe:
+    return _pe_args(pe[1], pe[2], int(pe[3]))
   raise ValueError(
       f"timm architecture {name!r} is not one that vit_jax.convert knows. "
-      'Known Eva models: eva02_{tiny,small,base,large}_patch14_S and '
-      'vit_{small,base,large}_patch16_dinov3[_qkvb].')
+      'Known Eva models: eva02_{tiny,small,base,large}_patch14_S, '
+      'vit_{small,base,large}_patch16_dinov3[_qkvb] and '
+      'vit_pe_{core,spatial,lang}_SIZE_patchP_S.')
+
+
+# Perception Encoder's sizes, and its Core's RoPE grids, as its entrypoints.
+_PE_SIZES = dict(SIZES, gigantic=dict(embed_dim=1536, depth=50, num_heads=16,
+                                      mlp_ratio=8960 / 1536))
+_PE_CORE_GRIDS = {'tiny': 24, 'small': 24, 'base': 14, 'large': 24}
+
+
+def _pe_args(kind: str, size: str, patch: int) -> Dict[str, Any]:
+  """What timm's vit_pe_{kind}_{size}_* entrypoint passes: its
+  LayerNorm(eps=1e-5) a partial that config.json lacks."""
+  gigantic = size == 'gigantic'
+  args = dict(_PE_SIZES[size], patch_size=patch, attn_type='rope',
+              use_pre_transformer_norm=True, use_rot_pos_emb=True,
+              ref_feat_shape=(32, 32), rope_grid_offset=0. if gigantic else 1.,
+              rope_grid_indexing='xy', class_token=not gigantic,
+              layer_norm_eps=1e-5)
+  if kind == 'core':
+    args.update(global_pool='map', attn_pool_num_heads=8,
+                attn_pool_mlp_ratio=4.)
+    args['ref_feat_shape'] = (_PE_CORE_GRIDS.get(size, 32),) * 2
+  else:
+    args.update(use_post_transformer_norm=False, use_fc_norm=False)
+  if kind == 'lang':
+    args.update(depth=47 if gigantic else 23, init_values=0.1)
+  if (kind, size) == ('spatial', 'gigantic'):
+    args['init_values'] = 0.1
+  return args
 
 
 def eva_settings(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -101,21 +135,31 @@ def _check_known(settings) -> None:
 
 
 def _pooling(settings) -> Dict[str, Any]:
-  """classifier and fc_norm as Eva pools and normalizes."""
+  """classifier, fc_norm and (for `transformer`) final_norm as Eva pools
+  and normalizes (PE's Spatial and Lang: neither norm; its Core: the final
+  norm, then the attention pool of `attn_pool_num_heads`)."""
   pool, cls = settings['global_pool'], settings['class_token']
   fc_norm = settings['use_fc_norm']
   fc_norm = pool == 'avg' if fc_norm is None else fc_norm
   post = settings['use_post_transformer_norm']
-  if (not fc_norm if post is None else post) == fc_norm:
+  post = not fc_norm if post is None else post
+  if post and fc_norm:
     raise unsupported('use_post_transformer_norm', post, 'vit_jax '
                       'normalizes either before the pooling or after it')
+  norms = {'fc_norm': fc_norm, 'final_norm': post or fc_norm}
   if pool == 'avg':
-    return {'classifier': 'token_gap' if cls else 'gap', 'fc_norm': fc_norm}
+    return {'classifier': 'token_gap' if cls else 'gap', **norms}
+  if pool == 'map':
+    return {'classifier': 'token_map' if cls else 'map', **norms,
+            'map_heads': settings['attn_pool_num_heads'],
+            'map_mlp_dim': int(settings['embed_dim'] * (
+                settings['attn_pool_mlp_ratio'] or settings['mlp_ratio']))}
   if pool == 'token' and cls:
     # fc_norm on the class token alone is the final norm on every token.
-    return {'classifier': 'token', 'fc_norm': False}
-  raise unsupported('global_pool', pool, "vit_jax converts Eva's 'avg' "
-                    "and 'token' (with its class token) pooling")
+    return {'classifier': 'token', 'fc_norm': False,
+            'final_norm': post or fc_norm}
+  raise unsupported('global_pool', pool, "vit_jax converts Eva's 'avg', "
+                    "'map' and 'token' (with its class token) pooling")
 
 
 def _rope(settings) -> Dict[str, Any]:
@@ -126,12 +170,32 @@ def _rope(settings) -> Dict[str, Any]:
     raise unsupported('rope_type', kind, "vit_jax computes EVA-02's "
                       "('cat', interleaved) and DINOv3's ('dinov3', half) "
                       'RoPE only')
+  offset, indexing = settings['rope_grid_offset'], settings[
+      'rope_grid_indexing']
+  if offset and kind != 'cat':
+    raise unsupported('rope_grid_offset', offset, "vit_jax shifts the "
+                      "positions of 'cat' RoPE only")
+  if indexing not in ROPE_INDEXINGS:
+    raise unsupported('rope_grid_indexing', indexing, 'expected one of '
+                      f'{ROPE_INDEXINGS}')
   ref = settings['ref_feat_shape']
   return {'rope': 'eva02' if kind == 'cat' else 'dinov3',
           'rope_theta': float(settings['rope_temperature']),
           'rope_ref_grid': None if ref is None or kind != 'cat' else
                            tuple(ref) if isinstance(ref, (list, tuple))
-                           else (ref, ref)}
+                           else (ref, ref),
+          'rope_offset': float(offset), 'rope_indexing': indexing}
+
+
+def _qkv_bias(settings) -> str:
+  """EvaAttention's q and v biases, or AttentionRope's ('rope': PE's) of
+  all three."""
+  if settings['attn_type'] not in ('eva', 'rope'):
+    raise unsupported('attn_type', settings['attn_type'], "vit_jax computes "
+                      "Eva's 'eva' and 'rope' attention")
+  if not settings['qkv_bias']:
+    return 'none'
+  return 'qkv' if settings['attn_type'] == 'rope' else 'qv'
 
 
 def eva_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -139,16 +203,18 @@ def eva_overrides(settings: Dict[str, Any]) -> Dict[str, Any]:
   naming the first one that vit_jax cannot compute."""
   _check_known(settings)
   pre_norm = settings['use_pre_transformer_norm']
+  pooling = _pooling(settings)
+  final_norm = pooling.pop('final_norm')
   return dict(
-      _pooling(settings), num_registers=settings['num_reg_tokens'],
+      pooling, num_registers=settings['num_reg_tokens'],
       posemb='learn' if settings['use_abs_pos_emb'] else 'none',
       posemb_prefix=not settings['no_embed_class'], patch_bias=not pre_norm,
       transformer=dict(
           _rope(settings), gelu_approximate=False, quick_gelu=False,
           swiglu=settings['swiglu_mlp'], mlp_norm=settings['scale_mlp'],
-          qkv_bias='qv' if settings['qkv_bias'] else 'none',
+          qkv_bias=_qkv_bias(settings),
           layerscale_init=settings['init_values'], pre_norm=pre_norm,
-          layer_norm_eps=settings['layer_norm_eps']))
+          layer_norm_eps=settings['layer_norm_eps'], final_norm=final_norm))
 
 
 def mlp_dim(settings) -> int:
@@ -172,6 +238,8 @@ def to_vit_state(state: Flat) -> Flat:
       continue  # with the fused weight below
     elif rest == 'attn.qkv.weight':
       out[key] = value
+      if f'{prefix}attn.qkv.bias' in state:  # AttentionRope's (PE's)
+        continue
       q_bias = state.get(f'{prefix}attn.q_bias')
       zeros = np.zeros(value.shape[0] // 3, value.dtype)
       out[f'{prefix}attn.qkv.bias'] = np.concatenate(
@@ -195,7 +263,10 @@ def to_vit_state(state: Flat) -> Flat:
 
 def drop_biases(flat: Flat, qkv_bias: str) -> Flat:
   """The converted names without the projection biases Eva lacks."""
-  lacking = {'qv': ('key',), 'none': ('query', 'key', 'value')}[qkv_bias]
+  lacking = {'qkv': (), 'qv': ('key',),
+             'none': ('query', 'key', 'value')}[qkv_bias]
+  if not lacking:
+    return flat
   pattern = re.compile(r'.*/MultiHeadDotProductAttention_1/(%s)/bias' %
                        '|'.join(lacking))
   return {k: v for k, v in flat.items() if not pattern.fullmatch(k)}
@@ -226,7 +297,7 @@ def from_vit_state(state: Flat, *, fused: bool, qkv_bias: str) -> Flat:
   """timm ViT's names (from `names.npz_to_timm` of `with_zero_biases`) ->
   Eva's: q/k/v fused with q_bias and v_bias (EVA-02-Ti/S, DINOv3) or apart
   with a SwiGLU fc1_g/fc1_x (EVA-02-B/L: `fused` False); biases as
-  `qkv_bias` says."""
+  `qkv_bias` says ('qkv': AttentionRope's qkv.bias, PE's)."""
   out = {}
   for key, value in state.items():
     block = re.match(r'blocks\.(\d+)\.', key)
@@ -234,10 +305,14 @@ def from_vit_state(state: Flat, *, fused: bool, qkv_bias: str) -> Flat:
     prefix = block[0] if block else ''
     if rest in ('ls1.gamma', 'ls2.gamma'):
       out[f'{prefix}gamma_{rest[2]}'] = value
+    elif rest == 'attn.qkv.bias' and qkv_bias == 'qkv' and fused:
+      out[key] = value  # AttentionRope's (PE's)
     elif rest == 'attn.qkv.bias':
-      q, _, v = np.split(value, 3)
+      q, k, v = np.split(value, 3)
       if qkv_bias == 'none':
         continue
+      if qkv_bias == 'qkv':  # AttentionRope's, apart
+        out[f'{prefix}attn.k_proj.bias'] = k
       names = ('q_bias', 'v_bias') if fused else ('q_proj.bias', 'v_proj.bias')
       out.update({f'{prefix}attn.{n}': b for n, b in zip(names, (q, v))})
     elif rest == 'attn.qkv.weight' and not fused:

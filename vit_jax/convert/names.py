@@ -124,22 +124,23 @@ def _output_to_npz(prefix, kind, value, heads) -> Flat:
   return {f'{prefix}out/bias': value}
 
 
-def _attention_to_npz(state: Flat, heads: int) -> Flat:
-  """The fused qkv and proj of each block, and of a MAP head (q, kv,
-  proj) -> query/key/value/out."""
+def _attention_to_npz(state: Flat, heads: int, pool_heads: int) -> Flat:
+  """The fused qkv and proj of each block (`heads`), and of a MAP head (q,
+  kv, proj; `pool_heads`) -> query/key/value/out."""
   out = {}
   for key, value in state.items():
     block, pool = _ATTENTION.fullmatch(key), _POOL.fullmatch(key)
     if block:
       prefix, part, kind = _BLOCK_NPZ.format(block[1]), block[2], block[3]
+      split = heads
     elif pool:
-      prefix, part, kind = _POOL_NPZ, pool[1], pool[2]
+      prefix, part, kind, split = _POOL_NPZ, pool[1], pool[2], pool_heads
     else:
       continue
     names = {'qkv': ('query', 'key', 'value'), 'q': ('query',),
              'kv': ('key', 'value')}.get(part)
-    out.update(_projections_to_npz(prefix, names, kind, value, heads) if names
-               else _output_to_npz(prefix, kind, value, heads))
+    out.update(_projections_to_npz(prefix, names, kind, value, split) if names
+               else _output_to_npz(prefix, kind, value, split))
   return out
 
 
@@ -156,10 +157,11 @@ def _npz_name(key: str, rules) -> str:
   return None
 
 
-def timm_to_npz(state: Flat, heads: int) -> Flat:
-  """A timm state dict (numpy) -> '/'-joined published names."""
+def timm_to_npz(state: Flat, heads: int, pool_heads=None) -> Flat:
+  """A timm state dict (numpy) -> '/'-joined published names; a MAP head's
+  attention of `pool_heads` (default: the blocks' `heads`)."""
   rules = _rules(mixer=any(k.startswith('stem.') for k in state))
-  out = _attention_to_npz(state, heads)
+  out = _attention_to_npz(state, heads, pool_heads or heads)
   unknown = []
   for key, value in state.items():
     if _ATTENTION.fullmatch(key) or _POOL.fullmatch(key):

@@ -137,7 +137,7 @@ def _preset_dims(name: str) -> Dict[str, Any]:
               patch_bias=config.get('patch_bias', True),
               qkv_bias=transformer.get('qkv_bias', 'qkv'),
               relative_bias=transformer.get('relative_bias'),
-              map_head=config.classifier == 'map',
+              map_head=config.classifier in ('map', 'token_map'),
               final_norm=(transformer.get('final_norm', True) or
                           bool(config.get('fc_norm'))),
               norm=transformer.get('norm', 'layer'),

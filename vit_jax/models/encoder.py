@@ -214,7 +214,9 @@ class Encoder(nn.Module):
     rope: 2-D RoPE in every block beside `posemb` ('learn' or 'none'), one
       of ROPES (`rope_angles`): 'eva02' (`rope_theta` 1e4, positions
       rescaled to `rope_ref_grid`) or 'dinov3' (`rope_theta` 100); prefix
-      tokens are not rotated.
+      tokens are not rotated. `rope_offset` is added to 'eva02' positions,
+      and `rope_indexing` 'xy' puts the columns' angles first (Perception
+      Encoder's 1 and 'xy').
     qkv_bias, layer_norm_eps, quick_gelu, mlp_norm, norm, qk_norm,
       mlp_bias, out_bias: see `Encoder1DBlock`; `norm` is also that of
       `norm_pre` and `encoder_norm`.
@@ -242,6 +244,8 @@ class Encoder(nn.Module):
   rope: Optional[str] = None
   rope_theta: float = 10_000.
   rope_ref_grid: Optional[Tuple[int, int]] = None
+  rope_offset: float = 0.
+  rope_indexing: str = 'ij'
   qkv_bias: str = 'qkv'
   layer_norm_eps: float = 1e-6
   quick_gelu: bool = False
@@ -379,7 +383,8 @@ class Encoder(nn.Module):
     head_dim = rope_head_dim(x.shape[-1], self.num_heads)
     if self.rope:
       angles = rope_angles(self.rope, grid, head_dim, self.rope_theta,
-                           self.rope_ref_grid)[None]
+                           self.rope_ref_grid, self.rope_offset,
+                           self.rope_indexing)[None]
     else:
       rows, cols, _, _ = grid_positions(grid)
       angles = rope2d_angles(rows, cols, head_dim)

@@ -201,25 +201,34 @@ def rope2d_angles(rows, cols, head_dim, theta=ROPE_THETA):
 
 # 2-D RoPE beside a position table (or none), as timm's Eva computes them.
 ROPES = ('eva02', 'dinov3')
+# Which axis's angles come first: the row's ('ij') or the column's ('xy').
+ROPE_INDEXINGS = ('ij', 'xy')
 
 
-def rope_angles(kind, grid, head_dim, theta, ref_grid=None):
+def rope_angles(kind, grid, head_dim, theta, ref_grid=None, offset=0.,
+                indexing='ij'):
   """EVA-02's or DINOv3's 2-D RoPE angles of the patches of `grid` (h, w),
   row-major, float32 (h w, head_dim / 2): the row's angles, then the
-  column's, each at frequencies k < head_dim / 4.
+  column's (with `indexing` 'xy', the column's first: Perception
+  Encoder's), each at frequencies k < head_dim / 4.
 
-  'eva02': position index (rescaled to `ref_grid`, the pretraining grid,
-  if given) times theta ** (-4k / head_dim). 'dinov3': the patch centre in
-  [-1, 1] times 2 pi / theta ** (4k / head_dim). They differ from MoonViT's
+  'eva02': position index plus `offset` (PE's 1), rescaled to `ref_grid`
+  (the pretraining grid) if given, times theta ** (-4k / head_dim).
+  'dinov3': the patch centre in [-1, 1] times 2 pi / theta ** (4k /
+  head_dim). They differ from MoonViT's
   'rope2d' (`rope2d_angles`), which alternates column and row angles on
   integer positions, and DINOv3 rotates its pairs half a head apart
   (`apply_rope(half=True)`), where EVA-02 and MoonViT rotate neighbours.
   """
   h, w = grid
   k = np.arange(head_dim // 4) / (head_dim // 4)
+  if indexing not in ROPE_INDEXINGS or (offset and kind != 'eva02'):
+    raise ValueError(f'rope {kind!r} with offset {offset} and indexing '
+                     f"{indexing!r}: expected one of {ROPE_INDEXINGS}, an "
+                     "offset with 'eva02' only.")
   if kind == 'eva02':
     freqs = theta**-k
-    rows, cols = np.arange(h, dtype=np.float64), np.arange(w, dtype=np.float64)
+    rows, cols = (np.arange(n, dtype=np.float64) + offset for n in (h, w))
     if ref_grid is not None:
       rows, cols = rows / h * ref_grid[0], cols / w * ref_grid[1]
   elif kind == 'dinov3':
@@ -228,8 +237,9 @@ def rope_angles(kind, grid, head_dim, theta, ref_grid=None):
   else:
     raise ValueError(f'Unknown rope {kind!r}; expected one of {ROPES}.')
   r, c = np.meshgrid(rows, cols, indexing='ij')
-  angles = np.concatenate([r.reshape(-1, 1) * freqs, c.reshape(-1, 1) * freqs],
-                          axis=-1)
+  first, second = (r, c) if indexing == 'ij' else (c, r)
+  angles = np.concatenate([first.reshape(-1, 1) * freqs,
+                           second.reshape(-1, 1) * freqs], axis=-1)
   return jnp.asarray(angles, jnp.float32)
 
 

@@ -46,7 +46,7 @@ from vit_jax.models.posemb import rope_head_dim
 # pylint: enable=unused-import
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled',
-               'distilled', 'token_gap', 'kv_pool')
+               'distilled', 'token_gap', 'kv_pool', 'token_map')
 
 
 def num_prefix_tokens(classifier_or_config) -> int:
@@ -60,8 +60,8 @@ def num_prefix_tokens(classifier_or_config) -> int:
     registers = classifier_or_config.get('num_registers') or 0
   if classifier == 'distilled':
     return 2 + registers
-  return int(classifier in ('token', 'token_unpooled', 'token_gap')) + (
-      registers)
+  return int(classifier in ('token', 'token_unpooled', 'token_gap',
+                            'token_map')) + registers
 
 
 def posemb_prefix_tokens(model_config) -> int:
@@ -118,7 +118,11 @@ class VisionTransformer(nn.Module):
       pair (class logits, distillation logits) in training; without a head
       the mean of the two tokens) or 'token_gap' (a class token, but the
       mean of the patch tokens is pooled: timm's EVA-02 and DINOv3) or
-      'kv_pool' (AIMv2's attention pooling in transformers, `KVPoolHead`).
+      'kv_pool' (AIMv2's attention pooling in transformers, `KVPoolHead`)
+      or 'token_map' (a class token, and the MAP head attends to it and
+      the patches: Perception Encoder's).
+    map_heads, map_mlp_dim: the MAP head's heads and MLP width (default:
+      the blocks'; Perception Encoder's 8 and 4 D).
     posemb: position embedding scheme, one of POSEMBS; see `Encoder`.
     num_registers: learned register tokens `reg` (Darcet et al., 2024)
       after the class (and distillation) token; dropped before the head,
@@ -148,6 +152,8 @@ class VisionTransformer(nn.Module):
   num_registers: int = 0
   posemb_prefix: bool = True
   fc_norm: bool = False
+  map_heads: Optional[int] = None
+  map_mlp_dim: Optional[int] = None
   head_bias_init: float = 0.
   patch_bias: bool = True
   patch_norm: bool = False
@@ -278,9 +284,9 @@ class VisionTransformer(nn.Module):
       x = x[:, :2]  # class and distillation tokens
     elif self.classifier in ('gap', 'token_gap'):
       x = jnp.mean(x[:, classes:], axis=1)
-    elif self.classifier == 'map':
-      x = MAPHead(num_heads=self.transformer['num_heads'],
-                  mlp_dim=self.transformer['mlp_dim'],
+    elif self.classifier in ('map', 'token_map'):  # over every token
+      x = MAPHead(num_heads=self.map_heads or self.transformer['num_heads'],
+                  mlp_dim=self.map_mlp_dim or self.transformer['mlp_dim'],
                   gelu_approximate=self.transformer.get('gelu_approximate',
                                                         True),
                   layer_norm_eps=eps, dtype=dtype)(x)

@@ -15,6 +15,7 @@ from vit_jax.models.families import eva02
 from vit_jax.models.families import dinov3
 from vit_jax.models.families import internvit
 from vit_jax.models.families import aimv2
+from vit_jax.models.families import pe
 from vit_jax.models.families import beit
 from vit_jax.models.families import bit
 from vit_jax.models.families import mixer
