@@ -309,10 +309,13 @@ def test_preset_options():
     elif registry.weights_source(name) == 'timm':
       assert not config.transformer.gelu_approximate, name
       # EVA-02 and DINOv3 keep a class token and pool the patches, as timm;
-      # Perception Encoder's Core its MAP head, its G no class token.
-      pe = registry.family(name).name.startswith('PE ')
+      # AIMv2 pools the patches without one; Perception Encoder's Core has
+      # its MAP head, its G no class token.
+      family = registry.family(name).name
       assert config.classifier in ('token', 'distilled', 'token_gap') + (
-          ('token_map', 'map', 'gap') if pe else ()), name
+          ('gap',) if family == 'AIMv2' else ()) + (
+              ('token_map', 'map', 'gap') if family.startswith('PE ') else
+              ()), name
       assert config.transformer.dropout_rate == 0, name
   get = models.MODEL_CONFIGS.get
   assert get('DINOv2-g_14').transformer.swiglu
