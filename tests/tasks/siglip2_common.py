@@ -1,6 +1,7 @@
 """What the SigLIP 2 recipe's test files share: tiny scenes prepared once
 per file, and configs/siglip2_scenes.py's arms made tiny."""
 
+import jax
 import pytest
 
 from vit_jax.configs import siglip2_scenes
@@ -37,3 +38,24 @@ def prepare(tmp_path_factory, fmnist_dirs):
     patch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
     pipeline.get_builder(small_config('siglip', dirs))
   return dirs
+
+
+class StepRecorder:
+  """Wraps `loop.jit_train_step` (monkeypatched): keeps, for each step of
+  a run, (state before, batch, state after, metrics) on the host; the
+  step's state argument is donated, so it is copied first."""
+
+  def __init__(self, original):
+    self.original, self.steps, self.task = original, [], None
+
+  def __call__(self, task, config, mesh, shardings, *args, **kw):
+    self.task, step = task, self.original(task, config, mesh, shardings,
+                                          *args, **kw)
+
+    def recorded(state, batch):
+      before = jax.device_get((state, batch))
+      out = step(state, batch)
+      self.steps.append((*before, *jax.device_get(out)))
+      return out
+
+    return recorded
