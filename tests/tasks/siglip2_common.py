@@ -1,5 +1,6 @@
 """What the SigLIP 2 recipe's test files share: tiny scenes prepared once
-per file, and configs/siglip2_scenes.py's arms made tiny."""
+per file, configs/siglip2_scenes.py's arms made tiny, and a recorder of a
+run's steps."""
 
 import jax
 import pytest
