@@ -1,9 +1,11 @@
 """SigLIP 2's recipe, term by term: the decoder's sequences (box tokens)
-and loss, SILC's cross-entropy against numpy written from the papers'
-equations (tests/tasks/siglip2_reference.py; one whole step's terms and the
-switch-on of self-distillation: tests/tasks/test_siglip2_resume.py); the
+and loss, SILC's and TIPS' cross-entropies, and one whole step's terms
+against numpy written from the papers' equations
+(tests/tasks/siglip2_reference.py); the switch-on of self-distillation at
+`ssl_start` (both on the steps of `siglip2_runs`' 1-device run); the
 exported towers against the recipe's model."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +20,8 @@ from vit_jax.data import locca
 from vit_jax.data import tokenizers
 from vit_jax.models import lit
 from vit_jax.tasks import siglip2
+
+pytestmark = pytest.mark.xdist_group('siglip2')  # `siglip2_runs` once
 
 
 @pytest.fixture(scope='module')
@@ -85,20 +89,58 @@ def test_silc_loss():
       rtol=1e-5)
 
 
+# The switch-on of self-distillation, on the steps of the 1-device run.
+
+
+def test_self_distillation_switches_on_at_its_step(siglip2_runs):
+  """Before `ssl_start` (steps 0 and 1) the teacher is the student and the
+  heads wait; from it (step 2), the teacher is the EMA and the centre
+  moves; that step's terms are the equations
+  (`siglip2_reference.check_terms`)."""
+  runs = siglip2_runs  # tests/tasks/conftest.py
+  config, task, steps = runs['config'], runs['task'], runs['steps']
+  assert len(steps) == 4 and siglip2.ssl_start_step(config) == 2
+  start = steps[0][0].params['student']
+  heads0 = {k: start[k] for k in ('silc', 'tips')}
+  for _, _, after, metrics in steps[:2]:
+    assert float(metrics['ssl_active']) == 0 and metrics['silc_loss'] == 0
+    student = after.params['student']
+    chex.assert_trees_all_equal(
+        after.params['teacher'],
+        {k: student[k] for k in siglip2.TEACHER_KEYS})
+    chex.assert_trees_all_equal({k: student[k] for k in heads0}, heads0)
+    np.testing.assert_array_equal(student['img']['mask_token'],
+                                  start['img']['mask_token'])
+    np.testing.assert_array_equal(after.params['center'], 0)
+  assert not np.allclose(student['img']['embedding']['kernel'],
+                         start['img']['embedding']['kernel'])
+
+  one, batch, two, metrics = steps[2]
+  assert float(metrics['ssl_active']) == 1 and metrics['silc_loss'] > 0
+  rng = jax.random.split(jax.random.key(config.seed))[1]  # the loop's
+  siglip2_reference.check_terms(config, task, one, batch, metrics, rng)
+  m = config.siglip2.momentum_teacher  # the cosine's start, at the switch
+  assert float(metrics['teacher_momentum']) == pytest.approx(m)
+  new = two.params['student']
+  chex.assert_trees_all_close(
+      two.params['teacher'],
+      jax.tree.map(lambda t, s: m * t + (1 - m) * s, one.params['teacher'],
+                   {k: new[k] for k in siglip2.TEACHER_KEYS}),
+      rtol=1e-5, atol=1e-7)
+  assert not np.allclose(new['silc']['Dense_0']['kernel'],
+                         heads0['silc']['Dense_0']['kernel'])
+  assert not np.allclose(two.params['center'], 0)
+
+
 # The export.
 
 
-@pytest.fixture(scope='module')
-def dirs(tmp_path_factory, fmnist_dirs):
-  return siglip2_common.prepare(tmp_path_factory, fmnist_dirs)
-
-
 @pytest.mark.parametrize('arm', ['siglip', 'siglip2_naflex'])
-def test_the_export_is_the_recipes_towers(dirs, tmp_path, arm):
+def test_the_export_is_the_recipes_towers(siglip2_dirs, tmp_path, arm):
   """The exported tree in the record's `LitModel` embeds images and texts
   as the recipe's model does (NaFlex: a ViT with `posemb_grid` for the
   NaViT on padded sequences; SILC's mask token and heads left out)."""
-  config = siglip2_common.small_config(arm, dirs)
+  config = siglip2_common.small_config(arm, siglip2_dirs)
   task = launch.make_task(config, str(tmp_path))
   # Random draws of the student's shapes (no zero-initialized heads), not
   # its initialization: compiling that costs as much as a step.
