@@ -197,14 +197,20 @@ def test_converted_checkpoint_by_its_preset_name(weights, name, crop,
   assert _model(config) == _recorded_model(name, npz)
   assert (config.pp.mean, config.pp.std) == normalization
 
+  # A checkpoint without a head: 'evaluate' runs the few-shot evaluator
+  # alone, the run 'fewshot' would repeat (that trainer on such a file:
+  # test_command_line and the transformers folder's test below).
+  headed = name == 'Swin-testing'
   results = {}
   for trainer in ('evaluate', 'fewshot', 'train'):
+    if trainer == 'fewshot' and not headed:
+      continue
     run = command(dict(flags, trainer=trainer))
     launch.train_and_evaluate(run, str(tmp_path / trainer))
     results[trainer] = json.loads(
         next((tmp_path / trainer).glob('*results.json')).read_text())
-  assert 'fewshot_2shot' in results['fewshot']
-  assert ('accuracy' in results['evaluate']) == (name == 'Swin-testing')
+  assert 'fewshot_2shot' in results['fewshot' if headed else 'evaluate']
+  assert ('accuracy' in results['evaluate']) == headed
   assert results['train']['step'] == 2 and 'accuracy' in results['train']
   # predict: the fine-tuned export, with the record's model settings.
   exported = str(tmp_path / 'train' / f'{name}.npz')

@@ -1,11 +1,17 @@
 """What the SigLIP 2 recipe's test files share: tiny scenes prepared once
-per file, and configs/siglip2_scenes.py's arms made tiny."""
+per file, configs/siglip2_scenes.py's arms made tiny, and a recorder of a
+run's steps."""
 
+import jax
 import pytest
 
+from tests import conftest
+from vit_jax import launch
 from vit_jax.configs import siglip2_scenes
+from vit_jax.data import locca
 from vit_jax.data import local_datasets
 from vit_jax.data import pipeline
+from vit_jax.run import loop
 
 
 def small_config(arm, dirs, **siglip2):
@@ -37,3 +43,55 @@ def prepare(tmp_path_factory, fmnist_dirs):
     patch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
     pipeline.get_builder(small_config('siglip', dirs))
   return dirs
+
+
+class StepRecorder:
+  """Wraps `loop.jit_train_step` (monkeypatched): keeps, for each step of
+  a run, (state before, batch, state after, metrics) on the host; the
+  step's state argument is donated, so it is copied first."""
+
+  def __init__(self, original):
+    self.original, self.steps, self.task = original, [], None
+
+  def __call__(self, task, config, mesh, shardings, *args, **kw):
+    self.task, step = task, self.original(task, config, mesh, shardings,
+                                          *args, **kw)
+
+    def recorded(state, batch):
+      before = jax.device_get((state, batch))
+      out = step(state, batch)
+      self.steps.append((*before, *jax.device_get(out)))
+      return out
+
+    return recorded
+
+
+def runs(dirs, root):
+  """The 'siglip2' arm, 4 steps, self-distillation from step 2 (no evals,
+  checkpoints every 2): on 8 devices; crashed at step 3 and resumed; on 1
+  device, each of its steps recorded (`StepRecorder`)."""
+  assert jax.device_count() == 8
+  config = small_config('siglip2', dirs, ssl_start=0.5)
+  config.evals = config.evals.__class__()  # none
+  config.checkpoint_every = 2
+  out = {'config': config, 'eight': root / 'eight'}
+  out['p8'] = launch.train_and_evaluate(config, str(root / 'eight'))
+
+  def crash(batch):
+    del batch
+    raise RuntimeError('simulated crash')
+
+  with pytest.MonkeyPatch.context() as patch:
+    # Batch 3 is step 3's, after the checkpoint of step 2.
+    conftest.interrupt_at(patch, 3, crash, locca)
+    with pytest.raises(RuntimeError, match='simulated crash'):
+      launch.train_and_evaluate(config, str(root / 'resumed'))
+  out['resumed'] = launch.train_and_evaluate(config, str(root / 'resumed'))
+
+  recorder = StepRecorder(loop.jit_train_step)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
+    patch.setattr(loop, 'jit_train_step', recorder)
+    out['p1'] = launch.train_and_evaluate(config, str(root / 'one'))
+  out['task'], out['steps'] = recorder.task, recorder.steps
+  return out

@@ -17,9 +17,14 @@ from vit_jax.models import lit
 from vit_jax.tasks import siglip2
 
 
+# One worker runs the SigLIP 2 files, this one first: it prepares the scenes
+# (`siglip2_dirs`, tests/tasks/conftest.py) for all three.
+pytestmark = pytest.mark.xdist_group('siglip2')
+
+
 @pytest.fixture(scope='module')
-def dirs(tmp_path_factory, fmnist_dirs):
-  return siglip2_common.prepare(tmp_path_factory, fmnist_dirs)
+def dirs(siglip2_dirs):
+  return siglip2_dirs
 
 
 # The 'siglip2' arm runs in test_siglip2_resume.py (its export opened there)

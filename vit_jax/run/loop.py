@@ -107,11 +107,28 @@ def create_state(task, config, mesh, manager):
     return (_restore(manager, abstract, shardings), shardings,
             manager.latest_step())
   task.check_initial_files()  # fails fast, before compiling `init`
+  drawn = task.drawn_keys()
+  if drawn is not None:
+    return _fine_tuning_state(task, init, abstract, shardings, drawn), \
+        shardings, 0
   state = jax.jit(init, out_shardings=shardings)()
   params = task.initial_params(jax.device_get(state.params))
   if params is not None:
     state = state.replace(params=jax.device_put(params, shardings.params))
   return state, shardings, 0
+
+
+def _fine_tuning_state(task, init, abstract, shardings, drawn):
+  """The state of `task.initial_params` given shapes, but for the top-level
+  parameters `drawn` (a new head) from `init`: the rest are never drawn
+  (XLA drops them), as compiling all the draws costs as much as a step.
+  The same values as drawing all and keeping those."""
+  fresh = jax.device_get(jax.jit(
+      lambda: {k: v for k, v in init().params.items() if k in drawn})())
+  params = task.initial_params({**abstract.params, **fresh})
+  return jax.jit(lambda p: TrainState.create(
+      apply_fn=abstract.apply_fn, params=p, tx=abstract.tx),
+                 out_shardings=shardings)(params)
 
 
 def jit_train_step(task, config, mesh, shardings, platform=None):

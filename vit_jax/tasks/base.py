@@ -88,6 +88,11 @@ class Task:
     """The parameters to start from (a checkpoint's), or None: `params`."""
     del params
 
+  def drawn_keys(self):
+    """The top-level parameters that `initial_params` takes from the
+    initialization (the others as shapes), or None: it takes them all."""
+    return None
+
   def train_step(self, state, batch, *, rng, **frozen):
     """(state, metrics) after one micro-batch; `frozen=` if the task has
     `frozen` parameters."""

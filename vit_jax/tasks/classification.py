@@ -118,6 +118,13 @@ class Task(base.Task):
     print(f'Fine-tuning from {path}.', flush=True)
     return params
 
+  def drawn_keys(self):
+    """Fine-tuning: only the new head (and `pre_logits`, for a file without
+    them) is the model's initial one."""
+    if not pretrained.pretrained_path(self.config):
+      return None
+    return ('head', 'head_dist', 'pre_logits')
+
   def train_step(self, state, batch, *, rng):
     return train_step(state, batch, rng=rng, config=self.config)
 
