@@ -64,20 +64,24 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', default='/tmp/connectors')
   parser.add_argument('--seeds', type=int, default=3)
-  parser.add_argument('--steps', type=int, default=300)
+  parser.add_argument('--steps', type=int, default=150)
   parser.add_argument('--encoder_steps', type=int, default=500)
   parser.add_argument('--dino_steps', type=int, default=400)
-  parser.add_argument('--test', default='test[:512]',
+  parser.add_argument('--test', default='test[:256]',
                       help='The test scenes that the evaluator reads.')
+  parser.add_argument('--seed', type=int, default=None,
+                      help="Run this seed's arms only, no table (seeds in "
+                      'parallel processes; a run without it then reads them).')
   args = parser.parse_args()
   supervised, dino = encoders(args)
+  seeds = range(args.seeds) if args.seed is None else [args.seed]
   flags = {
       'llava': [f'--config.pretrained_path={supervised}'],
       'internvl': [f'--config.pretrained_path={supervised}'],
       'prismatic': [f"--config.captioning.encoders=({{'path': '{supervised}',"
                     f" 'size': 56}}, {{'path': '{dino}', 'size': 28}})"]}
   results = {arm: [] for arm in ARMS}
-  for seed in range(args.seeds):  # every arm of a seed, then the next seed
+  for seed in seeds:  # every arm of a seed, then the next seed
     for arm in ARMS:
       workdir = os.path.join(args.out, str(seed), arm)
       result = runs.main_run(
@@ -90,6 +94,8 @@ def main():
           f'{k} {result[k]:.4f}' for _, k in METRICS) +
             f', {result["tokens"]} tokens, '
             f'{result["seconds_since_start"]:.0f} s', flush=True)
+  if args.seed is not None:
+    return
   print(f'\n{args.seeds} seeds, mean +- s.e.; {args.steps} steps at batch '
         f'128, {args.test}.\n')
   names = ' | '.join(name for name, _ in METRICS)
