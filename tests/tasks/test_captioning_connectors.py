@@ -13,6 +13,7 @@ import pytest
 from vit_jax import launch
 from vit_jax import models
 from vit_jax.checkpoints import files
+from vit_jax.checkpoints import loading
 from vit_jax.configs import captioning_fmnist
 from vit_jax.configs import common
 from vit_jax.data import tiling
@@ -101,7 +102,6 @@ def params_of(path, size):
   """A file's parameters as the run loads them at `size` px."""
   config = common.with_model(captioning_fmnist.get_config().unlock(),
                              'testing')
-  from vit_jax.checkpoints import loading  # pylint: disable=g-import-not-at-top
   return loading.load_model(config.model, path, size)[1]
 
 
