@@ -12,8 +12,8 @@ pixel shuffle on its tiles, Prismatic's fusion of both encoders. Each run
 ends with exact match, token F1 and CIDEr-D of greedy captions of `--test`;
 scenes have no scoring classifier (it scores single items' class
 prompts). The table adds the tokens each arm feeds its LM per image
-(counted on the export: `encode` of a test scene, padding excluded) and
-the run's seconds. A finished run is not repeated.
+(counted on seed 0's export: `encode` of a scene, padding excluded) and
+the runs' mean seconds. A finished run is not repeated.
 """
 
 import argparse
@@ -88,12 +88,10 @@ def main():
           f'captioning_fmnist.py:{arm},scenes', workdir,
           *runs.seeded(seed, args.steps), f'--config.pp.test={args.test}',
           *flags[arm])
-      result['tokens'] = lm_tokens(workdir, arm)
       results[arm].append(result)
       print(f'seed {seed} {arm}: ' + ', '.join(
           f'{k} {result[k]:.4f}' for _, k in METRICS) +
-            f', {result["tokens"]} tokens, '
-            f'{result["seconds_since_start"]:.0f} s', flush=True)
+            f', {result["seconds_since_start"]:.0f} s', flush=True)
   if args.seed is not None:
     return
   print(f'\n{args.seeds} seeds, mean +- s.e.; {args.steps} steps at batch '
@@ -104,8 +102,9 @@ def main():
   for arm, rs in results.items():
     cells = [runs.mean_se([r[key] for r in rs]) for _, key in METRICS]
     seconds = np.mean([r['seconds_since_start'] for r in rs])
-    print(f'| `{arm}`: {ARMS[arm]} | {" | ".join(cells)} | '
-          f'{rs[0]["tokens"]} | {seconds:.0f} |')
+    tokens = lm_tokens(os.path.join(args.out, '0', arm), arm)
+    print(f'| `{arm}`: {ARMS[arm]} | {" | ".join(cells)} | {tokens} | '
+          f'{seconds:.0f} |')
   for arm, rs in results.items():
     print(f'\n{arm}, seed 0:')
     for sample in rs[0]['samples'][:4]:
