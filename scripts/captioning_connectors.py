@@ -17,6 +17,7 @@ the runs' mean seconds. A finished run is not repeated.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -50,10 +51,12 @@ def encoders(args):
   return f'{out}/supervised/ViT-fmnist.npz', f'{out}/dino/ViT-fmnist.npz'
 
 
-def lm_tokens(workdir, arm):
+def lm_tokens(workdir):
   """Image tokens the LM reads for one scene (NaN padding excluded)."""
+  with open(os.path.join(workdir, 'config.json')) as f:
+    name = json.load(f)['model_name']
   model, params, _, saved = captioning_task.load_captioner(
-      os.path.join(workdir, f'ViT-fmnist-{arm}.npz'))
+      captioning_task.export_path(workdir, name))
   image = pipeline.preprocess_eval(tf.zeros([SCENE, SCENE, 3], tf.uint8),
                                    saved['pp']).numpy()
   memory = model.apply({'params': params}, image[None], method='encode')
@@ -102,7 +105,7 @@ def main():
   for arm, rs in results.items():
     cells = [runs.mean_se([r[key] for r in rs]) for _, key in METRICS]
     seconds = np.mean([r['seconds_since_start'] for r in rs])
-    tokens = lm_tokens(os.path.join(args.out, '0', arm), arm)
+    tokens = lm_tokens(os.path.join(args.out, '0', arm))
     print(f'| `{arm}`: {ARMS[arm]} | {" | ".join(cells)} | {tokens} | '
           f'{seconds:.0f} |')
   for arm, rs in results.items():

@@ -119,3 +119,13 @@ def test_fusion_settings_are_named(fmnist_dirs, encoders, tmp_path):
   config.captioning.connector = 'cross_attention'
   with pytest.raises(ValueError, match='pp.tiles'):
     launch.train_and_evaluate(config, str(tmp_path / 'bad'))
+
+
+def test_an_encoders_dtype_is_recorded_by_name():
+  """captioner.json keeps a ViT's `dtype=jnp.bfloat16` as 'bfloat16' (a
+  loaded checkpoint's encoder has one)."""
+  config = common.with_model(captioning_fmnist.get_config().unlock(),
+                             'testing')
+  module = models.VisionTransformer(num_classes=None, dtype=jnp.bfloat16,
+                                    **config.model)
+  assert captioning_task._attributes(module)['dtype'] == 'bfloat16'

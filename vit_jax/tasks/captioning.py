@@ -19,6 +19,7 @@ beside it the decoder (`.decoder.npz`), the vocabulary (`.vocab.model`)
 and what rebuilds the captioner (`.captioner.json`): `load_captioner`.
 """
 
+from collections.abc import Mapping
 import dataclasses
 import json
 
@@ -135,7 +136,12 @@ def _attributes(module):
   if isinstance(module, fusion.FusedEncoder):
     fields['encoders'] = [(type(m).__name__, _attributes(m))
                           for m in module.encoders]
-  return json.loads(json.dumps(fields, default=dict))
+  return json.loads(json.dumps(fields, default=_json_value))
+
+
+def _json_value(value):
+  """A mapping as a dict, a dtype (a ViT's `jnp.float32`) by its name."""
+  return dict(value) if isinstance(value, Mapping) else jnp.dtype(value).name
 
 
 def _tuples(value):
