@@ -126,6 +126,6 @@ def test_an_encoders_dtype_is_recorded_by_name():
   loaded checkpoint's encoder has one)."""
   config = common.with_model(captioning_fmnist.get_config().unlock(),
                              'testing')
-  module = models.VisionTransformer(num_classes=None, dtype=jnp.bfloat16,
-                                    **config.model)
+  module = models.VisionTransformer(
+      num_classes=None, **dict(config.model.to_dict(), dtype=jnp.bfloat16))
   assert captioning_task._attributes(module)['dtype'] == 'bfloat16'
