@@ -3,6 +3,7 @@ scripts/make_internvl_tiles_golden.py) and numpy; tiles and their padding
 through the captioner; Prismatic's fused encoder and projector against
 numpy."""
 
+import functools
 import math
 import os
 
@@ -68,16 +69,22 @@ def test_padding_tiles_change_nothing_and_decode_alike():
   params['text']['head']['kernel'] = jax.random.normal(
       jax.random.key(2), params['text']['head']['kernel'].shape)
   padded = jnp.concatenate([tiles, jnp.full_like(tiles[:, :1], jnp.nan)], 1)
-  memory = model.apply({'params': params}, padded, method='encode')
+  memory = jax.jit(functools.partial(model.apply, method='encode'))(
+      {'params': params}, padded)
   assert memory.shape == (2, 12, 16) and np.isnan(memory[:, 8:]).all()
-  want = model.apply({'params': params}, tiles, tokens)
-  got = model.apply({'params': params}, padded, tokens)
+  apply = jax.jit(model.apply)
+  want = apply({'params': params}, tiles, tokens)
+  got = apply({'params': params}, padded, tokens)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  first, state, step = decoding.cached_decoder(model, params, memory,
-                                               tokens[:, :1], max_len=4)
-  second, _ = step(tokens[:, 1:2], state)
-  np.testing.assert_allclose(jnp.concatenate([first, second], 1),
-                             want[:, :2], rtol=1e-5, atol=1e-5)
+
+  @jax.jit
+  def two_steps(memory):
+    first, state, step = decoding.cached_decoder(model, params, memory,
+                                                 tokens[:, :1], max_len=4)
+    return jnp.concatenate([first, step(tokens[:, 1:2], state)[0]], 1)
+
+  np.testing.assert_allclose(two_steps(memory), want[:, :2], rtol=1e-5,
+                             atol=1e-5)
 
 
 def _gelu(x):
