@@ -21,6 +21,7 @@ import json
 import os
 import sys
 
+import ml_collections
 import numpy as np
 
 import runs
@@ -58,8 +59,9 @@ def lm_tokens(workdir):
   model, params, _, saved = captioning_task.load_captioner(
       captioning_task.export_path(workdir, name))
   image = pipeline.preprocess_eval(tf.zeros([SCENE, SCENE, 3], tf.uint8),
-                                   saved['pp']).numpy()
-  memory = model.apply({'params': params}, image[None], method='encode')
+                                   ml_collections.ConfigDict(saved['pp']))
+  memory = model.apply({'params': params}, image.numpy()[None],
+                       method='encode')
   return int((~np.isnan(np.asarray(memory[0, :, 0]))).sum())
 
 
