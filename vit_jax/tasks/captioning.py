@@ -19,13 +19,13 @@ beside it the decoder (`.decoder.npz`), the vocabulary (`.vocab.model`)
 and what rebuilds the captioner (`.captioner.json`): `load_captioner`.
 """
 
-from collections.abc import Mapping
 import dataclasses
 import json
 
 from etils import epath
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import losses
 from vit_jax.checkpoints import files
@@ -74,6 +74,9 @@ def check_settings(config):
     raise ValueError('config.pp.tiles (InternVL\'s tiles) feed a prefix LM: '
                      f'set config.captioning.connector to one of '
                      f'{captioning.PREFIX_LM}.')
+  if s.tokenizer not in TOKENIZERS:
+    raise ValueError(f'config.captioning.tokenizer={s.tokenizer!r}; a '
+                     f'captioner needs one of {TOKENIZERS} (with <s>, </s>).')
   check_fusion(config)
 
 
@@ -94,9 +97,6 @@ def check_fusion(config):
     if missing:
       raise ValueError(f'config.captioning.encoders[{i}] lacks '
                        f'{sorted(missing)}.')
-  if s.tokenizer not in TOKENIZERS:
-    raise ValueError(f'config.captioning.tokenizer={s.tokenizer!r}; a '
-                     f'captioner needs one of {TOKENIZERS} (with <s>, </s>).')
 
 
 def get_tokenizer(config, workdir):
@@ -140,8 +140,11 @@ def _attributes(module):
 
 
 def _json_value(value):
-  """A mapping as a dict, a dtype (a ViT's `jnp.float32`) by its name."""
-  return dict(value) if isinstance(value, Mapping) else jnp.dtype(value).name
+  """A dtype (a ViT's `jnp.float32`) by its name, a mapping (ConfigDict)
+  as a dict."""
+  if isinstance(value, (type, np.dtype)):
+    return jnp.dtype(value).name
+  return dict(value)
 
 
 def _tuples(value):
