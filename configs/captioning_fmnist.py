@@ -13,6 +13,14 @@ Arms:
     block's patch tokens through a 2-layer MLP projector into a small
     prefix LM; projector and LM train (LLaVA's second stage; the first is
     `--config.captioning.trained=projector` with a `decoder_init`).
+  internvl: InternVL's connector on the same frozen ViT: its last block's
+    tokens, 2 x 2 neighbours into one (pixel shuffle), InternVL's MLP; the
+    image as dynamic tiles of the encoder's 28 px (`pp.tiles`: a 56 px
+    scene is 2 x 2 tiles and a thumbnail, 5 x 4 tokens; an item one tile).
+  prismatic: Prismatic's (OpenVLA's) fusion: the default job's ViT and a
+    DINO-trained one (configs/dino_fmnist.py's export, DINO_ENCODER), both
+    frozen, each at its own input size, their penultimate blocks' tokens
+    concatenated per patch on one grid, through Prismatic's 3-layer MLP.
 Add ',scenes' (e.g. `:cappa,scenes`) to caption the 56 px scenes of
 `fashion_mnist_scenes` with where their items are ("a sandal to the left
 of a bag"), unflipped, instead of single items.
@@ -35,8 +43,13 @@ NAMES = (('t-shirt', 'top', 'tee'), ('trouser', 'pair of trousers', 'pants'),
          ('sneaker', 'trainer'), ('bag', 'handbag'), ('ankle boot', 'boot'))
 TEMPLATES = ('a {}', 'a photo of a {}', 'a picture of a {}', 'an image of a {}',
              'this is a {}')
-ARMS = ('cappa', 'cappa_ar', 'llava')
+ARMS = ('cappa', 'cappa_ar', 'llava', 'internvl', 'prismatic')
 DEFAULT_ENCODER = '/tmp/vit_default/ViT-fmnist.npz'
+# configs/dino_fmnist.py's first command writes it.
+DINO_ENCODER = '/tmp/dino/ViT-fmnist.npz'
+CONNECTORS = {'cappa': 'cross_attention', 'cappa_ar': 'cross_attention',
+              'llava': 'prefix', 'internvl': 'pixel_shuffle_mlp',
+              'prismatic': 'fused_mlp'}
 
 
 def class_captions():
@@ -58,12 +71,14 @@ def get_config(arg: str = 'cappa') -> ml_collections.ConfigDict:
   config.trainer = 'captioning'
   config.model_name = f'ViT-fmnist-{arm}'
   config.pp.flip = False  # a caption may say left and right
+  frozen = arm in ('llava', 'internvl', 'prismatic')
   config.captioning = ml_collections.ConfigDict(dict(
-      connector='prefix' if arm == 'llava' else 'cross_attention',
-      # The encoder's block the decoder reads, through its final norm or not.
-      block=-2 if arm == 'llava' else -1,
-      norm=arm != 'llava',
-      trained='decoder' if arm == 'llava' else 'all',
+      connector=CONNECTORS[arm],
+      # The encoder's block the decoder reads, through its final norm or not
+      # (LLaVA and Prismatic: the penultimate; InternVL: the last).
+      block=-2 if arm in ('llava', 'prismatic') else -1,
+      norm=not frozen,
+      trained='decoder' if frozen else 'all',
       masked_pred_prob=0.75 if arm == 'cappa' else 0.,
       decoder=dict(width=128, num_layers=2, num_heads=4, mlp_dim=256,
                    remat=False, dtype='float32'),
@@ -77,15 +92,29 @@ def get_config(arg: str = 'cappa') -> ml_collections.ConfigDict:
       text_key='',  # a dataset's caption feature, instead of class captions
       class_captions=class_captions(),
       decoder_init='',  # a captioner's .decoder.npz to start the decoder
+      # Prismatic: frozen encoders fused per patch, each dict(path, size,
+      # mean=None, std=None: its input normalization, None: [-1, 1]), on a
+      # fusion_grid x fusion_grid grid (jax.image.resize's fusion_resize).
+      encoders=(),
+      fusion_grid=4,
+      fusion_resize='bilinear',
   ))
-  if arm == 'llava':
+  if arm in ('llava', 'internvl'):
     config.pretrained_path = DEFAULT_ENCODER
+  if arm == 'internvl':  # tiles of the encoder's size: a scene has 2 x 2
+    config.pp.tiles = dict(min=1, max=4 if data == 'scenes' else 1)
+  if arm == 'prismatic':  # a scene: the supervised ViT at 56 px (8 x 8)
+    scenes = data == 'scenes'
+    config.captioning.encoders = (
+        dict(path=DEFAULT_ENCODER, size=56 if scenes else 28),
+        dict(path=DINO_ENCODER, size=28))
+    config.captioning.fusion_grid = 8 if scenes else 4
   config.evals = ml_collections.ConfigDict()
   config.evals.captions = dict(type='captioning', every=0, samples=8)
   if data == 'scenes':
     config.dataset = 'fashion_mnist_scenes'
     config.pp.label = 'segmentation_mask'
-    config.pp.crop = 56
+    config.pp.crop = 28 if arm == 'internvl' else 56  # InternVL: its tiles
     config.captioning.text_key = 'caption'
     config.captioning.max_len = 64  # 4 items: 49 tokens
     config.shuffle_buffer = 4096

@@ -32,6 +32,7 @@ from vit_jax.data import augment
 from vit_jax.data import folders
 from vit_jax.data import labels as task_labels
 from vit_jax.data import local_datasets  # registers the offline builders
+from vit_jax.data import tiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +197,11 @@ def preprocess_train(image, seed, pp):
       min_object_covered=0.0, use_image_if_no_bounding_boxes=True)
   image = tf.slice(image, begin, size)
   fold = functools.partial(tf.random.experimental.stateless_fold_in, seed)
+  if pp.get('tiles'):  # the crop, flipped, cut into tiles (no resize)
+    image = _to_float(image)
+    if pp.flip:
+      image = tf.image.stateless_random_flip_left_right(image, fold(1))
+    return _tiled(image, pp)
   randaug = pp.get('randaug')
   if randaug is None:
     image = tf.image.resize(_to_float(image), [pp.crop, pp.crop])
@@ -239,11 +245,22 @@ def _short_side_then_crop(image, pp):
   return image[top:top + pp.crop, left:left + pp.crop]
 
 
+def _tiled(image, pp):
+  """InternVL's tiles of pp.crop px (`tiling.tiles`, `pp.tiles`' min and
+  max tile counts), normalized."""
+  t = pp.tiles
+  return normalize(tiling.tiles(image, pp.crop, t.get('min', 1), t['max']),
+                   pp)
+
+
 def preprocess_eval(image, pp):
   """Resize to pp.crop; or to pp.resize then a central pp.crop; or, with
   pp.crop_pct, the short side to pp.crop / pp.crop_pct then a central crop
-  (timm's meaning). Then normalized (`normalize`)."""
+  (timm's meaning); or, with pp.tiles, InternVL's tiles of pp.crop px
+  (`_tiled`). Then normalized (`normalize`)."""
   image = _to_float(image)
+  if pp.get('tiles'):
+    return _tiled(image, pp)
   if pp.get('crop_pct'):
     image = _short_side_then_crop(image, pp)
   elif pp.get('resize'):

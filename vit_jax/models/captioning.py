@@ -10,6 +10,16 @@ Two connectors (`Captioner.connector`):
     decoder-only LM over [image tokens; text tokens], under a prefix-LM
     mask: image tokens see one another, text tokens see the image and the
     text before them.
+  'pixel_shuffle_mlp': InternVL (Chen et al., CVPR 2024). As 'prefix', but
+    each 2 x 2 patch tokens are one (`pixel_shuffle`: 4x the channels, a
+    quarter of the tokens) through InternVL's projector (LayerNorm, Dense,
+    GELU, Dense). Images may come as tiles (`data/tiling.py`: batch,
+    tiles, h, w, c); each tile is encoded and shuffled alone, and their
+    tokens are one sequence. A tile that is all NaN is padding: the LM
+    sees none of its tokens.
+  'fused_mlp': Prismatic (Karamcheti et al., ICML 2024), the eyes of
+    OpenVLA. As 'prefix', with Prismatic's 3-layer projector over the
+    tokens of a `fusion.FusedEncoder` (encoders concatenated per patch).
 
 Tokens are a SentencePiece vocabulary's; a caption ends with its </s>
 (`eos`). The decoder reads the caption shifted right after <s> (`bos`);
@@ -20,6 +30,7 @@ values of the positions seen so far stay in the 'cache' collection
 """
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -29,7 +40,9 @@ import jax.numpy as jnp
 from vit_jax.models import attention
 from vit_jax.models import layers
 
-CONNECTORS = ('cross_attention', 'prefix')
+CONNECTORS = ('cross_attention', 'prefix', 'pixel_shuffle_mlp', 'fused_mlp')
+# The connectors of a decoder-only LM over [image tokens; text tokens].
+PREFIX_LM = CONNECTORS[1:]
 
 
 def attention_mask(query_pos, key_pos, prefix=0):
@@ -133,6 +146,9 @@ class TextDecoder(nn.Module):
     dtype = jnp.dtype(self.dtype)
     x = nn.Embed(self.vocab_size + 1, self.width, name='embedding')(tokens)
     n_prefix = 0 if prefix is None else prefix.shape[1]
+    if prefix is not None:  # NaN tokens are padding (unused tiles)
+      real = ~jnp.isnan(prefix[..., 0])
+      prefix = jnp.where(real[..., None], prefix, 0)
     if cache_len is None:  # the whole sequence at once
       start, seen = jnp.int32(0), jnp.int32(n_prefix)
     else:
@@ -154,6 +170,10 @@ class TextDecoder(nn.Module):
     mask = attention_mask(query_pos, key_pos, seen)[None]
     if parallel is not None:
       mask = mask | parallel[:, None, None]
+    keys_real = self._real_keys(None if prefix is None else real, x.shape,
+                                cache_len)
+    if keys_real is not None:
+      mask = mask & keys_real[:, None, :]
     # Decoding keeps no activations for a backward pass: no remat.
     remat = self.remat and cache_len is None
     block = nn.remat(DecoderBlock) if remat else DecoderBlock
@@ -165,6 +185,21 @@ class TextDecoder(nn.Module):
                     dtype=dtype, name='head')(x).astype(jnp.float32)
 
 
+  def _real_keys(self, real, shape, cache_len):
+    """(batch, keys) bools, False for the prefix's padding; None without a
+    prefix. Decoding keeps them in the cache, written with the prefix."""
+    if cache_len is None:
+      return None if real is None else jnp.concatenate(
+          [real, jnp.ones((shape[0], shape[1] - real.shape[1]), bool)], 1)
+    if real is None and not self.has_variable('cache', 'keys_real'):
+      return None
+    keys = self.variable('cache', 'keys_real', jnp.ones,
+                         (shape[0], cache_len), bool)
+    if real is not None:
+      keys.value = keys.value.at[:, :real.shape[1]].set(real)
+    return keys.value
+
+
 class Projector(nn.Module):
   """LLaVA-1.5's connector: Dense, GELU, Dense, to the LM's width."""
   width: int
@@ -173,6 +208,60 @@ class Projector(nn.Module):
   def __call__(self, x):
     x = nn.gelu(nn.Dense(self.width, name='Dense_0')(x), approximate=False)
     return nn.Dense(self.width, name='Dense_1')(x)
+
+
+def pixel_shuffle(tokens):
+  """InternVL's pixel shuffle (scale 0.5) of the tokens (n, g * g, c) of a
+  g x g grid, row by row: (n, g * g / 4, 4c), each 2 x 2 block of
+  neighbours one token, its channels by (row offset, column offset)."""
+  n, length, c = tokens.shape
+  g = math.isqrt(length)
+  if g * g != length or g % 2:
+    raise ValueError(f'Pixel shuffle needs an even square grid of tokens; '
+                     f'got {length}.')
+  x = tokens.reshape(n, g // 2, 2, g // 2, 2, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(n, length // 4, 4 * c)
+
+
+class PixelShuffleProjector(nn.Module):
+  """InternVL's connector: pixel shuffle, then LayerNorm (torch's epsilon),
+  Dense, GELU, Dense, to the LM's width."""
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.LayerNorm(epsilon=1e-5, name='LayerNorm')(pixel_shuffle(x))
+    x = nn.gelu(nn.Dense(self.width, name='Dense_0')(x), approximate=False)
+    return nn.Dense(self.width, name='Dense_1')(x)
+
+
+class FusedProjector(nn.Module):
+  """Prismatic's 'fused-gelu-mlp': Dense to 4x the fused width, GELU,
+  Dense to the LM's width, GELU, Dense."""
+  width: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.gelu(nn.Dense(4 * x.shape[-1], name='Dense_0')(x),
+                approximate=False)
+    x = nn.gelu(nn.Dense(self.width, name='Dense_1')(x), approximate=False)
+    return nn.Dense(self.width, name='Dense_2')(x)
+
+
+PROJECTORS = {'prefix': Projector, 'pixel_shuffle_mlp': PixelShuffleProjector,
+              'fused_mlp': FusedProjector}
+
+
+def _per_tile(fn, x, *, nan=False):
+  """`fn` over tiles (batch, tiles, ...) as one batch; with `nan`, the
+  all-NaN (padding) tiles are zeros for `fn` and NaN again after it."""
+  b, t = x.shape[:2]
+  real = ~jnp.isnan(x.reshape(b, t, -1)[..., 0])
+  y = fn(jnp.nan_to_num(x).reshape(b * t, *x.shape[2:]))
+  y = y.reshape(b, t, *y.shape[1:])
+  if nan:
+    y = jnp.where(real.reshape(b, t, *[1] * (y.ndim - 2)), y, jnp.nan)
+  return y
 
 
 class Captioner(nn.Module):
@@ -198,27 +287,37 @@ class Captioner(nn.Module):
       raise ValueError(f'Unknown connector {self.connector!r}; expected one '
                        f'of {CONNECTORS}.')
     self.text = TextDecoder(**self.decoder)
-    if self.connector == 'prefix':
-      self.projector = Projector(self.text.width)
+    if self.connector in PROJECTORS:
+      self.projector = PROJECTORS[self.connector](self.text.width)
 
   def image_tokens(self, images, train=False):
-    """The encoder's patch tokens of `block`, (batch, P, its width)."""
-    return self.encoder.forward_intermediates(
-        images, [self.block], norm=self.norm, output_fmt='NLC',
-        intermediates_only=True, train=train)[0]
+    """The encoder's patch tokens of `block`, (batch, P, its width); of
+    tiles (batch, tiles, ...): (batch, tiles, P, width), NaN for padding."""
+    def encode(x):
+      return self.encoder.forward_intermediates(
+          x, [self.block], norm=self.norm, output_fmt='NLC',
+          intermediates_only=True, train=train)[0]
+    return _per_tile(encode, images, nan=True) if images.ndim == 5 else \
+        encode(images)
 
   def connect(self, tokens):
-    """What the decoder reads of the image tokens (LLaVA: projected)."""
-    return self.projector(tokens) if self.connector == 'prefix' else tokens
+    """What the decoder reads of the image tokens (projected, but for
+    CapPa); tiles' tokens projected each alone, then one sequence."""
+    if self.connector not in PROJECTORS:
+      return tokens
+    if tokens.ndim == 3:
+      return self.projector(tokens)
+    out = _per_tile(self.projector, tokens, nan=True)
+    return out.reshape(out.shape[0], -1, out.shape[-1])
 
   def encode(self, images, train=False):
     return self.connect(self.image_tokens(images, train))
 
   def logits(self, memory, tokens, *, parallel=None, cache_len=None):
     """Logits of the text positions, given the decoder's inputs `tokens`;
-    `memory` from `encode` (a decoding step after the first: None for
-    'prefix', whose image is in the cache)."""
-    if self.connector == 'prefix':
+    `memory` from `encode` (a decoding step after the first: None for a
+    prefix LM, whose image is in the cache)."""
+    if self.connector in PREFIX_LM:
       return self.text(tokens, prefix=memory, parallel=parallel,
                        cache_len=cache_len)
     return self.text(tokens, memory=memory, parallel=parallel,

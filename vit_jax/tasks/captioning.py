@@ -25,15 +25,18 @@ import json
 from etils import epath
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import losses
 from vit_jax.checkpoints import files
 from vit_jax.checkpoints import record
 from vit_jax.checkpoints import storage
 from vit_jax.data import captions as caption_data
+from vit_jax.data import tiling
 from vit_jax.data import tokenizers
 from vit_jax.models import backbone
 from vit_jax.models import captioning
+from vit_jax.models import fusion
 from vit_jax.platform import sharding
 from vit_jax.run import optim
 from vit_jax.tasks import base
@@ -59,17 +62,41 @@ def check_settings(config):
   if not 0 <= s.masked_pred_prob <= 1:
     raise ValueError(f'config.captioning.masked_pred_prob='
                      f'{s.masked_pred_prob}: a probability, in [0, 1].')
-  if s.masked_pred_prob and s.connector == 'prefix':
+  if s.masked_pred_prob and s.connector in captioning.PREFIX_LM:
     raise ValueError("Parallel prediction (masked_pred_prob) is CapPa's: set "
-                     "it to 0 with connector='prefix'.")
-  if s.trained == 'projector' and (s.connector != 'prefix' or
-                                   not s.decoder_init):
+                     f"it to 0 with connector={s.connector!r}.")
+  if s.trained == 'projector' and (s.connector not in captioning.PREFIX_LM
+                                   or not s.decoder_init):
     raise ValueError("trained='projector' trains LLaVA's projector alone: it "
-                     "needs connector='prefix' and a decoder_init (a "
-                     "captioner's .decoder.npz).")
+                     f"needs a connector of {captioning.PREFIX_LM} and a "
+                     "decoder_init (a captioner's .decoder.npz).")
+  if config.pp.get('tiles') and s.connector == 'cross_attention':
+    raise ValueError('config.pp.tiles (InternVL\'s tiles) feed a prefix LM: '
+                     f'set config.captioning.connector to one of '
+                     f'{captioning.PREFIX_LM}.')
   if s.tokenizer not in TOKENIZERS:
     raise ValueError(f'config.captioning.tokenizer={s.tokenizer!r}; a '
                      f'captioner needs one of {TOKENIZERS} (with <s>, </s>).')
+  check_fusion(config)
+
+
+def check_fusion(config):
+  """Fails fast on `config.captioning.encoders` that cannot be fused."""
+  s = config.captioning
+  if not s.get('encoders'):
+    return
+  if s.trained == 'all':
+    raise ValueError('config.captioning.encoders are frozen (Prismatic): set '
+                     "config.captioning.trained to 'decoder' or 'projector'.")
+  if config.pp.get('mean') is not None or config.pp.get('std') is not None:
+    raise ValueError('config.captioning.encoders normalize their own inputs '
+                     '(each entry\'s mean and std): leave config.pp.mean and '
+                     'std unset.')
+  for i, e in enumerate(s.encoders):
+    missing = {'path', 'size'} - set(e)
+    if missing:
+      raise ValueError(f'config.captioning.encoders[{i}] lacks '
+                       f'{sorted(missing)}.')
 
 
 def get_tokenizer(config, workdir):
@@ -102,10 +129,22 @@ def make_captioner(encoder, settings, vocab_size):
 
 
 def _attributes(module):
-  """A module's constructor arguments, as JSON keeps them."""
+  """A module's constructor arguments, as JSON keeps them (a fused
+  encoder's encoders as [class name, attributes])."""
   fields = {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
             if f.init and f.name not in ('parent', 'name')}
-  return json.loads(json.dumps(fields, default=dict))
+  if isinstance(module, fusion.FusedEncoder):
+    fields['encoders'] = [(type(m).__name__, _attributes(m))
+                          for m in module.encoders]
+  return json.loads(json.dumps(fields, default=_json_value))
+
+
+def _json_value(value):
+  """A dtype (a ViT's `jnp.float32`) by its name, a mapping (ConfigDict)
+  as a dict."""
+  if isinstance(value, (type, np.dtype)):
+    return jnp.dtype(value).name
+  return dict(value)
 
 
 def _tuples(value):
@@ -123,13 +162,22 @@ def load_captioner(path):
                                 f'{record_path.name} beside it.')
   saved = json.loads(record_path.read_text())
   classes = {c.__name__: c for c in backbone.BACKBONES}
-  encoder = classes[saved['encoder']](**_tuples(saved['encoder_config']))
+  encoder_config = _tuples(saved['encoder_config'])
+  if saved['encoder'] == fusion.FusedEncoder.__name__:
+    encoder = fusion.FusedEncoder(**dict(encoder_config, encoders=tuple(
+        classes[name](**c) for name, c in encoder_config['encoders'])))
+  else:
+    encoder = classes[saved['encoder']](**encoder_config)
   tokenizer = tokenizers.get_tokenizer(
       saved['tokenizer'], str(files.beside(path, 'vocab.model')),
       saved['captioning']['max_len'])
   model = make_captioner(encoder, saved['captioning'], tokenizer.vocab_size)
   params = {'encoder': files.load(path),
             **files.load(files.beside(path, 'decoder.npz'))}
+  if isinstance(encoder, fusion.FusedEncoder):
+    params['encoder'] = {f'encoders_{i}': files.load(
+        files.beside(path, f'encoder{i}.npz') if i else path)
+                         for i in range(len(encoder.encoders))}
   return model, params, tokenizer, saved
 
 
@@ -160,7 +208,8 @@ class Task(base.Task):
     s = config.captioning
     return super().input_files(config) + [
         (f'captioning.{k}', s[k]) for k in ('vocab_path', 'decoder_init')
-        if s.get(k)]
+        if s.get(k)] + [(f'captioning.encoders[{i}].path', e['path'])
+                        for i, e in enumerate(s.get('encoders') or ())]
 
   @classmethod
   def evaluates(cls, config):
@@ -179,7 +228,10 @@ class Task(base.Task):
       self.special = (self.tokenizer.bos_token, self.tokenizer.eos_token)
     else:  # `vit_jax.plan` builds the step without data or vocabulary
       vocab_size, self.special = s.vocab_size, (1, 2)
-    encoder, self._encoder_params = encoders.load_encoder(config)
+    if s.get('encoders'):
+      encoder, self._encoder_params = encoders.load_fused(config)
+    else:
+      encoder, self._encoder_params = encoders.load_encoder(config)
     self.model = make_captioner(encoder, s.to_dict(), vocab_size)
     self.param_labels = self._labels if s.trained == 'projector' else None
     if s.trained != 'all':
@@ -194,8 +246,9 @@ class Task(base.Task):
                             else optim.FROZEN, v) for k, v in params.items()}
 
   def _example(self, batch_size=1):
-    crop = self.config.pp.crop
-    return (jnp.zeros((batch_size, crop, crop, 3)),
+    pp = self.config.pp
+    tiles = (tiling.slots(pp.tiles['max']),) if pp.get('tiles') else ()
+    return (jnp.zeros((batch_size, *tiles, pp.crop, pp.crop, 3)),
             jnp.zeros((batch_size, self.config.captioning.max_len), jnp.int32))
 
   def init_params(self, rng):
@@ -277,11 +330,23 @@ class Task(base.Task):
     return {**params, **(self.frozen or {})}
 
   def exported_records(self):
-    """The encoder's (the decoder's is `captioner.json`, by `finish`)."""
-    return {'': record.of_run(self.config, self.model.encoder)}
+    """The encoder's (the decoder's is `captioner.json`, by `finish`); of
+    fused encoders, the first's."""
+    encoder = self.model.encoder
+    if isinstance(encoder, fusion.FusedEncoder):
+      encoder = encoder.encoders[0]
+    return {'': record.of_run(self.config, encoder)}
 
   def exported_files(self, params):
-    return {'': params['encoder'],
+    """The encoder (fused: the first; the others `.encoder{i}`) and the
+    decoder."""
+    encoder = dict(params['encoder'])
+    if isinstance(self.model.encoder, fusion.FusedEncoder):
+      encoder = {f'.encoder{i}' if i else '': encoder[f'encoders_{i}']
+                 for i in range(len(encoder))}
+    else:
+      encoder = {'': encoder}
+    return {**encoder,
             '.decoder': {k: v for k, v in params.items() if k != 'encoder'}}
 
   def finish(self, params, workdir):
