@@ -2,7 +2,8 @@
 calls).
 
 Always: the cost of each test file, checked at the end of the session
-against a budget: a file over it fails the run (docs/testing.md;
+against a budget: a file over it is listed, and fails the run past DRIFT
+times it (docs/testing.md;
 `VIT_JAX_FILE_BUDGET_S` sets it, the caps of the files over it in
 proportion, and 0 turns the check off). The cost is CPU seconds: those of
 the pytest process and of the processes it started and waited for, during
@@ -39,6 +40,11 @@ CAPS_S = {
     'tests/tasks/test_captioning.py': 80,
     'tests/end_to_end/test_notebooks.py': 80,
 }
+# A file fails the run past DRIFT times its limit, and is listed (without
+# failing) between the two: this VM's speed drifts within a day, and files
+# that had not changed measured up to 1.6 times their cost (docs/testing.md,
+# issue 63), which must not fail CI; growth stays in view.
+DRIFT = 1.6
 BUDGET_VAR = 'VIT_JAX_FILE_BUDGET_S'
 TIMINGS_VAR = 'VIT_JAX_TEST_TIMINGS'
 
@@ -96,7 +102,7 @@ class FileBudget:
 
   def sessionfinish(self, session):
     over = over_budget(self.seconds, budget())
-    if over and session.exitstatus == 0:
+    if any(s > DRIFT * cap for _, s, cap in over) and session.exitstatus == 0:
       session.exitstatus = 1
     self.over = over
 
@@ -105,8 +111,10 @@ class FileBudget:
       return
     terminalreporter.section('test files over their CPU budget', red=True)
     for path, seconds, cap in self.over:
+      fails = (f'fails the run (over {DRIFT} x {cap:.0f} s)'
+               if seconds > DRIFT * cap else 'within the drift allowed')
       terminalreporter.line(
-          f'{path}: {seconds:.0f} CPU s > {cap:.0f} s '
+          f'{path}: {seconds:.0f} CPU s > {cap:.0f} s, {fails} '
           f'(docs/testing.md: shrink its tests, or split it)')
 
 
