@@ -39,12 +39,14 @@ CAPS_S = {
     'tests/tasks/test_beit.py': 90,
     'tests/tasks/test_captioning.py': 80,
     'tests/end_to_end/test_notebooks.py': 80,
+    # Joined with issue 63 (the connectors' padding masks): 62 CPU s then.
+    'tests/models/test_captioning.py': 90,
 }
 # A file fails the run past DRIFT times its limit, and is listed (without
 # failing) between the two: this VM's speed drifts within a day, and files
-# that had not changed measured up to 1.6 times their cost (docs/testing.md,
+# that had not changed measured up to 2 times their cost (docs/testing.md,
 # issue 63), which must not fail CI; growth stays in view.
-DRIFT = 1.6
+DRIFT = 2.0
 BUDGET_VAR = 'VIT_JAX_FILE_BUDGET_S'
 TIMINGS_VAR = 'VIT_JAX_TEST_TIMINGS'
 
