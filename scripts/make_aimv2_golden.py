@@ -47,6 +47,9 @@ import transformers
 from make_transformers_golden import _clip_tokenizer
 from make_transformers_golden import PROMPTS
 
+# The SSL golden files' parameter shift (this folder).
+from make_ssl_golden import _shift
+
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'tests', 'data', 'aimv2')
 SIDE = 56
@@ -57,12 +60,6 @@ _CLIP = dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
              image_std=[0.26862954, 0.26130258, 0.27577711])
 
 
-def _shift(model, scale=0.3):
-  """Every parameter moved off its init by N(0, scale)."""
-  with torch.no_grad():
-    for param in model.parameters():
-      param.add_(torch.randn_like(param) * scale)
-
 
 def _nchw(images):
   return torch.from_numpy(images).permute(0, 3, 1, 2)
@@ -71,7 +68,7 @@ def _nchw(images):
 def _timm(images, golden):
   model = timm.create_model('aimv2_large_patch14_224', img_size=SIDE,
                             num_classes=0, **TIMM).eval()
-  _shift(model)
+  _shift(model, 0.3)
   with torch.no_grad():
     golden['timm'] = model(_nchw(images)).numpy()
     for norm in (False, True):
@@ -87,7 +84,7 @@ def _timm(images, golden):
 def _vision(name, use_head, images, golden):
   config = transformers.Aimv2VisionConfig(**VISION, use_head=use_head)
   model = transformers.Aimv2VisionModel(config).eval()
-  _shift(model)
+  _shift(model, 0.3)
   folder = os.path.join(OUT, name)
   model.save_pretrained(folder)
   transformers.CLIPImageProcessor(
@@ -112,7 +109,7 @@ def _towers(images, golden):
       text_config=text, vision_config=dict(VISION, use_head=True),
       projection_dim=24)
   model = transformers.Aimv2Model(config).eval()
-  _shift(model)
+  _shift(model, 0.3)
   model.save_pretrained(folder)
   transformers.CLIPImageProcessor(
       size={'shortest_edge': SIDE}, crop_size={'height': SIDE, 'width': SIDE},

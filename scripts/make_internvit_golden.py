@@ -43,6 +43,9 @@ import timm
 import torch
 import transformers
 
+# The SSL golden files' parameter shift (this folder).
+from make_ssl_golden import _shift
+
 OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'tests', 'data', 'internvit')
 IMAGENET = dict(image_mean=[0.485, 0.456, 0.406],
@@ -63,11 +66,6 @@ HF = {
 }
 
 
-def _shift(model, scale=0.3):
-  with torch.no_grad():
-    for param in model.parameters():
-      param.add_(torch.randn_like(param) * scale)
-
 
 def _nchw(images):
   return torch.from_numpy(images).permute(0, 3, 1, 2)
@@ -77,7 +75,7 @@ def _timm(name, images, golden):
   model = timm.create_model('vit_intern300m_patch14_448', img_size=SIDE,
                             num_classes=0,
                             **dict(TIMM_SHAPES, **TIMM[name])).eval()
-  _shift(model)
+  _shift(model, 0.3)
   with torch.no_grad():
     for side, suffix in ((SIDE, ''), (OTHER, f'@{OTHER}')):
       x = _nchw(images[side])
@@ -114,7 +112,7 @@ def _hf(name, images, golden):
   config = transformers.InternVLVisionConfig(
       image_size=SIDE, patch_size=14, **HF[name])
   model = transformers.InternVLVisionModel(config).eval()
-  _shift(model)
+  _shift(model, 0.3)
   folder = os.path.join(OUT, name)
   model.save_pretrained(folder)
   out, other, blocks = _hf_outputs(model, images)
