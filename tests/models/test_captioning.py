@@ -13,6 +13,11 @@ from vit_jax.models import decoding
 from vit_jax.models import vit
 
 BOS, EOS, VOCAB = 1, 2, 5
+# The decoder reads the image one of two ways: cross-attention, or as the
+# prefix of its sequence. The projecting connectors (pixel_shuffle_mlp,
+# fused_mlp) decode as 'prefix' does (tests/models/test_connectors.py
+# checks their projections): masks, cache and search are checked per way.
+DECODINGS = ('cross_attention', 'prefix')
 
 
 def _encoder():
@@ -43,6 +48,12 @@ def _init(model, seed=0, max_len=4):
   return params, images
 
 
+def test_every_connector_decodes_one_of_the_two_ways():
+  assert set(captioning.PREFIX_LM) == set(captioning.CONNECTORS) - {
+      'cross_attention'}
+  assert 'prefix' in captioning.PREFIX_LM
+
+
 def test_masks_against_numpy():
   prefix, text = 3, 4
   total = prefix + text
@@ -59,7 +70,7 @@ def test_masks_against_numpy():
   np.testing.assert_array_equal(causal, np.tril(np.ones((text, text), bool)))
 
 
-@pytest.mark.parametrize('connector', captioning.CONNECTORS)
+@pytest.mark.parametrize('connector', DECODINGS)
 def test_decoder_masks_as_said(connector):
   """A later input changes no earlier logit under teacher forcing, and
   changes them all in parallel prediction."""
@@ -116,7 +127,7 @@ def test_log_likelihood_against_numpy():
       rtol=1e-5)
 
 
-@pytest.mark.parametrize('connector', captioning.CONNECTORS)
+@pytest.mark.parametrize('connector', DECODINGS)
 @pytest.mark.parametrize('beam', [1, 3])
 def test_cache_changes_no_token(connector, beam):
   model = _captioner(connector, vocab=12, max_len=6)
@@ -155,7 +166,7 @@ def _brute_force(model, params, images, max_len, alpha):
   return best
 
 
-@pytest.mark.parametrize('connector', captioning.CONNECTORS)
+@pytest.mark.parametrize('connector', DECODINGS)
 def test_beam_search_equals_brute_force(connector):
   max_len, alpha = 3, 1.0
   model = _captioner(connector, max_len=max_len)
