@@ -287,7 +287,11 @@ def prepare(source, transform: Transform,
   """The image at `source` (a path or the file's bytes) as the model sees
   it: (height, width, 3) float32, normalized by the transform's mean and
   std."""
-  image = decode(source, max_pixels)
+  return apply(decode(source, max_pixels), transform)
+
+
+def apply(image: Image.Image, transform: Transform) -> np.ndarray:
+  """An RGB image (a video's frame, say) as `prepare` makes it."""
   size = _resized_size(*image.size, transform)
   if size != image.size:
     image = image.resize(size, INTERPOLATIONS[transform.interpolation])

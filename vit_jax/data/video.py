@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epy
 
+from vit_jax.data import clips
 from vit_jax.data import pipeline
 
 with epy.lazy_imports():  # TensorFlow loads when first used
@@ -58,37 +59,14 @@ def dataset_info(builder, config) -> pipeline.DatasetInfo:
       train_split=config.pp.train, test_split=config.pp.test)
 
 
+# Pure numpy (vit_jax.predict places its views with them too).
+last_offset = clips.last_offset
+test_offsets = clips.test_offsets
+
+
 def clip_length(info) -> int:
   """Frames per stored clip."""
   return info.builder.info.features['video'].shape[0]
-
-
-def last_offset(length: int, frames: int, stride: int) -> int:
-  """The latest start of a window of `frames` frames `stride` apart in a
-  clip of `length` frames."""
-  if frames < 1 or stride < 1:
-    raise ValueError(f'config.video.frames={frames}, stride={stride}: both '
-                     'must be at least 1.')
-  last = length - (frames - 1) * stride - 1
-  if last < 0:
-    raise ValueError(
-        f'config.video.frames={frames} at stride {stride} spans '
-        f'{(frames - 1) * stride + 1} frames; the clips have {length}. Take '
-        'fewer frames or a smaller stride.')
-  return last
-
-
-def test_offsets(length: int, frames: int, stride: int,
-                 views: int) -> np.ndarray:
-  """The starts of `views` windows spaced evenly over the clip: the first
-  starts at frame 0 and the last ends at the clip's last frame (rounded to
-  the nearest frame, numpy's half to even); one view is the centre one."""
-  last = last_offset(length, frames, stride)
-  if views < 1:
-    raise ValueError(f'{views} test views: expected at least 1.')
-  if views == 1:
-    return np.array([last // 2])
-  return np.rint(np.linspace(0, last, views)).astype(np.int32)
 
 
 def window(info, config):
