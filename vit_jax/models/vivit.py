@@ -12,11 +12,10 @@ slots' pooled tokens with a temporal one (`TemporalTransformer`,
 parameters map by name (`vit_jax.checkpoints.inflate`).
 
 VideoMAE's encoder (Tong et al., NeurIPS 2022) is model 1 with options: a
-fixed sinusoid table over the T'·h·w tokens (temporal_posemb='sincos'),
-no class token ('gap'), queries and values with biases but not keys
-(transformer.qkv_bias='qv'), and after mean pooling either `fc_norm`
-without a final norm (fine-tuned: transformers' use_mean_pooling) or the
-final norm alone (pre-trained).
+fixed sinusoid table (temporal_posemb='sincos'), no class token ('gap'),
+query and value biases but no key bias (transformer.qkv_bias='qv'), and
+after mean pooling either `fc_norm` without a final norm (its fine-tuned
+models) or the final norm alone (its pre-trained encoders).
 """
 
 from typing import Any, Optional
@@ -108,8 +107,8 @@ class ViViT(nn.Module):
       table over the class token and all T'·h·w tokens (the paper's);
       'separate', an image ViT's spatial table plus a learned temporal one
       over the T' slots (`SeparatePositionEmbs`); 'sincos', VideoMAE's
-      fixed `sinusoid_table` over the T'·h·w tokens (none for a class
-      token), no parameter. The factorised encoder's
+      fixed table (`sinusoid_table`) over the T'·h·w tokens, no parameter
+      (the class token, if any, gets none). The factorised encoder's
       tables are separate by construction (one per encoder); None: 'joint'
       or that.
     representation_size: width of the tanh `pre_logits` layer, if any.
@@ -200,8 +199,8 @@ class ViViT(nn.Module):
     if factorised and self.temporal_posemb in ('joint', 'sincos'):
       raise ValueError("The factorised encoder's position tables are "
                        'separate (one per encoder): temporal_posemb='
-                       f"{self.temporal_posemb!r} is for "
-                       "encoder='unfactorised'.")
+                       f"{self.temporal_posemb!r} is for encoder="
+                       "'unfactorised'.")
 
   @nn.compact
   def _forward(self, inputs, train, take=None):
@@ -241,6 +240,10 @@ class ViViT(nn.Module):
 
   def _unfactorised(self, x, slots, train, take):
     """Model 1: class token and every spatio-temporal token, one encoder."""
+    posemb = 'learn'
+    if self.temporal_posemb == 'sincos':
+      posemb = 'none'
+      x = x + sinusoid_table(*x.shape[1:]).astype(x.dtype)
     x = self._prepend_cls(x, 'cls')
     kw = {} if take is None else dict(zip(('take', 'depth', 'norm_taken'),
                                           take))
@@ -250,14 +253,8 @@ class ViViT(nn.Module):
                                       x, train=train, slots=slots,
                                       prefix=int(self.classifier == 'token'),
                                       **kw)
-    elif self.temporal_posemb == 'sincos':  # fixed: before the dropout
-      prefix = int(self.classifier == 'token')
-      table = sinusoid_table(x.shape[1] - prefix, x.shape[-1])
-      x = x + jnp.pad(table, ((prefix, 0), (0, 0)))[None].astype(x.dtype)
-      out = Encoder(name='Transformer', posemb='none',
-                    **self._settings(self.transformer))(x, train=train, **kw)
     else:
-      out = Encoder(name='Transformer', posemb='learn',
+      out = Encoder(name='Transformer', posemb=posemb,
                     **self._settings(self.transformer))(x, train=train, **kw)
     return out if take is not None else self._pool(out)
 
