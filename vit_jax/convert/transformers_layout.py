@@ -35,6 +35,11 @@ What each architecture becomes (docs/checkpoints.md lists the names):
   and, with `use_head`, its attention-pooling head (`KVPoolHead_0`, which
   timm lacks: published names beside timm's); `Aimv2Model`'s bias-free
   `visual_projection` is the head, as CLIP's.
+- `VivitForVideoClassification`, `VivitModel`,
+  `VideoMAEForVideoClassification`, `VideoMAEModel` and
+  `VideoMAEForPreTraining` (the encoder; the decoder is dropped): ViT's
+  names, but for the 3-D tubelet kernel and VideoMAE's `q_bias`, `v_bias`
+  (no key bias); `convert.transformers_video` reads them as a ViViT.
 """
 
 import re
@@ -66,6 +71,11 @@ ARCHITECTURES = {
     'InternVLVisionModel': ('internvl', ''),
     'Aimv2VisionModel': ('aimv2', ''),
     'Aimv2Model': ('aimv2', 'vision_model.'),
+    'VivitForVideoClassification': ('vivit', 'vivit.'),
+    'VivitModel': ('vivit', ''),
+    'VideoMAEForVideoClassification': ('videomae', 'videomae.'),
+    'VideoMAEModel': ('videomae', ''),
+    'VideoMAEForPreTraining': ('videomae', 'videomae.'),
 }
 TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model', 'Aimv2Model')
 
@@ -171,7 +181,8 @@ _AIMV2 = [
 ]
 _RULES = {'vit': _VIT, 'deit': _VIT, 'dinov2': _VIT, 'mae': _VIT,
           'clip': _CLIP, 'siglip': _CLIP, 'siglip2': _CLIP, 'swin': _SWIN,
-          'internvl': _INTERNVL, 'aimv2': _AIMV2}
+          'internvl': _INTERNVL, 'aimv2': _AIMV2, 'vivit': _VIT,
+          'videomae': _VIT + [('fc_norm', 'fc_norm')]}
 # Separate projections (transformers' module, its parts in timm's order)
 # and timm's fused one.
 _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
@@ -192,6 +203,7 @@ _KV_POOL = {'head.k_proj': ('KVPoolHead_0/key', 'heads'),
 # Parameters that only pre-training uses, or the text side of two towers,
 # dropped with a note.
 _DROPPED = (r'(\w+\.)?embeddings\.mask_token', r'decoder\..*',
+            r'encoder_to_decoder\.weight', 'mask_token',
             r'text_model\..*', 'text_projection.weight', 'logit_scale',
             'logit_bias')
 
@@ -224,7 +236,7 @@ def architecture(config: Dict[str, Any]) -> str:
 
 def kind(config: Dict[str, Any]) -> str:
   """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2', 'swin',
-  'internvl' or 'aimv2'."""
+  'internvl', 'aimv2', 'vivit' or 'videomae'."""
   return ARCHITECTURES[architecture(config)][0]
 
 
@@ -325,6 +337,8 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   tower, dropped = _image_tower(state, prefix)
   if family == 'siglip2':
     tower = _patches_as_conv(tower, vision_config(config)['patch_size'])
+  if family == 'videomae':
+    tower = _videomae_biases(tower)
   fused, tower = _fuse(tower, family)
   out, extra, unknown = dict(fused), {}, []
   for key, value in tower.items():
@@ -356,6 +370,22 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   if arch == 'Dinov2WithRegistersModel':
     out = _fold_class_entry(out)
   return out, extra, dropped
+
+
+def _videomae_biases(tower: Flat) -> Flat:
+  """VideoMAE's query and value biases (`q_bias`, `v_bias`; transformers
+  5 reads them as `query.bias`, `value.bias` too) as ViT's, and a zero key
+  bias, which it lacks (`transformers_video` drops it again)."""
+  out = {}
+  for key, value in tower.items():
+    match = re.fullmatch(r'(.*\.attention\.attention\.)([qv])_bias', key)
+    out[f'{match[1]}{"query" if match[2] == "q" else "value"}.bias'
+        if match else key] = value
+  for key, value in list(out.items()):
+    match = re.fullmatch(r'(.*\.attention\.attention\.)query\.bias', key)
+    if match:
+      out[f'{match[1]}key.bias'] = np.zeros_like(value)
+  return out
 
 
 def _head_to_npz(key: str, value: np.ndarray, heads: int) -> Flat:

@@ -1,0 +1,182 @@
+"""transformers' video models as vit_jax's ViViT: VivitForVideoClassification
+and VivitModel (model 1, a learned joint table and a class token), and
+VideoMAEForVideoClassification, VideoMAEModel and VideoMAEForPreTraining's
+encoder (`families.videomae`'s options). `transformers_layout.to_timm`
+renames their weights as a ViT's; this module reads the rest: the 3-D
+tubelet kernel, the settings, the preset and the eval transform.
+
+The eval transform is the processor's, per frame: resize, centre crop, and
+its rescale and normalization as the mean and std of pixels in [0, 1]
+(ViViT's `offset` rescale to [-1, 1] followed by its mean and std of 0.5
+is mean 0.75 and std 0.25), and `num_frames`, the frames the model takes.
+"""
+
+import json
+import os
+import sys
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from vit_jax.convert import transformers_config
+from vit_jax.convert import transformers_defaults
+from vit_jax.convert.names import timm_to_npz
+from vit_jax.convert.transformers_layout import architecture
+from vit_jax.models import registry
+from vit_jax.models import vivit
+from vit_jax.models.encoder import Encoder
+
+Flat = Dict[str, np.ndarray]
+KINDS = {'vivit': 'ViViT', 'videomae': 'VideoMAE'}  # kind: vit_jax family
+_KERNEL = 'embedding/kernel'
+_KEY_BIAS = 'MultiHeadDotProductAttention_1/key/bias'
+
+
+def _unsupported(arch: str, key: str, value, why: str) -> ValueError:
+  return ValueError(f"transformers' {arch} with {key}={value!r} is not "
+                    f'supported: {why}.')
+
+
+def _sides(config: Dict[str, Any]) -> Tuple[int, int, int]:
+  """(frames per tubelet, patch height, patch width) of a config."""
+  tubelet = config['tubelet_size']
+  if isinstance(tubelet, (list, tuple)):  # ViViT's (t, ph, pw)
+    return tuple(int(s) for s in tubelet)
+  patch = config['patch_size']
+  patch = patch if isinstance(patch, (list, tuple)) else (patch, patch)
+  return int(tubelet), int(patch[0]), int(patch[1])
+
+
+def model_settings(config: Dict[str, Any]) -> Dict[str, Any]:
+  """vit_jax's ViViT config (without head or preset) of a video config."""
+  arch, kind = architecture(config), config['model_type']
+  if config.get('num_channels', 3) != 3:
+    raise _unsupported(arch, 'num_channels', config['num_channels'],
+                       "vit_jax's pipelines feed RGB frames")
+  videomae = kind == 'videomae'
+  mean_pooling = videomae and config['use_mean_pooling']
+  if arch == 'VideoMAEForVideoClassification' and not mean_pooling:
+    raise _unsupported(arch, 'use_mean_pooling', False, 'its head reads the '
+                       "first patch token, which vit_jax's ViViT does not "
+                       'pool')
+  tubelet, height, width = _sides(config)
+  bias = config['qv_bias'] if videomae else config['qkv_bias']
+  transformer = dict(
+      num_layers=config['num_hidden_layers'],
+      num_heads=config['num_attention_heads'],
+      mlp_dim=config['intermediate_size'], dropout_rate=0.,
+      attention_dropout_rate=0., layer_norm_eps=config['layer_norm_eps'],
+      qkv_bias=('qv' if videomae else 'qkv') if bias else 'none',
+      final_norm=not mean_pooling,
+      **transformers_config.mlp_of(arch, config))
+  settings = dict(hidden_size=config['hidden_size'], tubelet=tubelet,
+                  patches={'size': [height, width]}, encoder='unfactorised',
+                  transformer=transformer,
+                  classifier='gap' if videomae else 'token',
+                  temporal_posemb='sincos' if videomae else 'joint')
+  if videomae:  # torch's LayerNorm default: 1e-5
+    settings.update(fc_norm=mean_pooling, fc_norm_eps=1e-5)
+  return settings
+
+
+def to_npz(timm_state: Flat, extra: Flat, config: Dict[str, Any]) -> Flat:
+  """The published ViViT names of `to_timm`'s state dict (and `extra`,
+  ViViT's pooler as `pre_logits`): the Conv3d kernel (D, C, t, p, p) as
+  flax's (t, p, p, C, D); no key biases for VideoMAE."""
+  flat = timm_to_npz(timm_state, config['num_attention_heads'])
+  flat[_KERNEL] = flat[_KERNEL].transpose(2, 3, 4, 1, 0)
+  if config['model_type'] == 'videomae':  # `to_timm`'s zeros
+    flat = {k: v for k, v in flat.items() if not k.endswith(_KEY_BIAS)}
+  return {**flat, **extra}
+
+
+def _shape(model: Dict[str, Any]) -> tuple:
+  t = model['transformer']
+  return (model['hidden_size'], model['tubelet'],
+          tuple(model['patches']['size']), t['num_layers'], t['num_heads'],
+          t['mlp_dim'])
+
+
+def _completed(preset: Dict[str, Any]) -> Dict[str, Any]:
+  """A preset's config with ViViT's and its Encoder's defaults for the
+  fields it leaves out."""
+  out = {k: v.default for k, v in vivit.ViViT.__dataclass_fields__.items()
+         if k != 'parent' and not callable(v.default)}
+  encoder = {k: v.default for k, v in Encoder.__dataclass_fields__.items()
+             if k != 'parent' and not callable(v.default)}
+  out.update(preset)
+  out['transformer'] = {**encoder, **preset['transformer']}
+  out['patches'] = {'size': tuple(preset['patches']['size'])}
+  return out
+
+
+def preset_and_model(config: Dict[str, Any], settings: Dict[str, Any],
+                     model_name: Optional[str]):
+  """(preset, the record's model config): `model_name` or the family's
+  preset of these shapes, with what differs; else FAMILY-custom, whole."""
+  family = KINDS[config['model_type']]
+  settings = dict(settings, patches={'size': tuple(
+      settings['patches']['size'])})
+  name = model_name or next((p.model_name for p in registry.FAMILIES[
+      family].presets if _shape(p.to_dict()) == _shape(settings)), None)
+  if name is None:
+    return f'{family}-custom', dict(settings, representation_size=None)
+  preset = _completed(registry.MODEL_CONFIGS[name].to_dict())
+  if _shape(preset) != _shape(settings):
+    raise ValueError(f"transformers' {architecture(config)} of shapes "
+                     f'{_shape(settings)} (width, tubelet, patch, depth, '
+                     f'heads, MLP) is not {name}: {_shape(preset)}.')
+  out = {k: v for k, v in settings.items()
+         if k != 'transformer' and preset[k] != v}
+  inner = {k: v for k, v in settings['transformer'].items()
+           if preset['transformer'][k] != v}
+  return name, dict(out, **({'transformer': inner} if inner else {}))
+
+
+def _processor(weights: str) -> Optional[Dict[str, Any]]:
+  folder = os.path.dirname(weights)
+  for name in ('preprocessor_config.json', 'video_preprocessor_config.json'):
+    if os.path.exists(os.path.join(folder, name)):
+      with open(os.path.join(folder, name)) as f:
+        return json.load(f)
+  return None
+
+
+def eval_transform(weights: str, config: Dict[str, Any]) -> Dict[str, Any]:
+  """The processor's eval transform beside `weights` (timm's keys, the mean
+  and std of [0, 1] pixels) and `num_frames`; without one, the processor
+  class's defaults at the config's image size, with a note."""
+  kind = config['model_type']
+  processor = _processor(weights)
+  if processor is None:
+    print(f'Note: no preprocessor_config.json beside {weights}: assuming '
+          f"transformers' {KINDS[kind]} processor's defaults at "
+          f"{config['image_size']} px.", file=sys.stderr)
+    side = config['image_size']
+    processor = dict(image_processor_type={
+        'vivit': 'VivitImageProcessor',
+        'videomae': 'VideoMAEImageProcessor'}[kind],
+                     crop_size={'height': side, 'width': side})
+  processor = transformers_defaults.complete_processor(processor)
+  # Rescaled pixels are a * x - offset for x in [0, 1], then normalized.
+  a = 255. * (processor['rescale_factor'] if processor['do_rescale'] else 1)
+  offset = 1. if processor['do_rescale'] and processor.get('offset') else 0.
+  normalize = processor['do_normalize']
+  mean = np.asarray(processor['image_mean'] if normalize else [0.] * 3)
+  std = np.asarray(processor['image_std'] if normalize else [1.] * 3)
+  plain = dict(processor, do_rescale=True, rescale_factor=1 / 255,
+               do_normalize=True, image_mean=list((mean + offset) / a),
+               image_std=list(std / a))
+  plain.pop('offset', None)
+  return dict(transformers_config.eval_transform(plain),
+              num_frames=int(config['num_frames']))
+
+
+def read(timm_state: Flat, extra: Flat, config: Dict[str, Any],
+         weights: str, model_name: Optional[str]):
+  """(published names, preset, model overrides, eval transform) of a video
+  model's tower renamed to timm's (`to_timm`)."""
+  settings = model_settings(config)
+  flat = to_npz(timm_state, extra, config)
+  name, model = preset_and_model(config, settings, model_name)
+  return flat, name, model, eval_transform(weights, config)
