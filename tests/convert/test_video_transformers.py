@@ -16,6 +16,8 @@ from tests import helpers
 from vit_jax import convert
 from vit_jax import models
 from vit_jax.convert import transform
+from vit_jax.convert import transformers_defaults
+from vit_jax.convert import transformers_video
 
 DATA = os.path.join(helpers.DATA, 'transformers_video')
 GOLDEN = np.load(os.path.join(DATA, 'golden.npz'))
@@ -100,3 +102,21 @@ def test_first_token_head_is_refused(tmp_path):
       dict(config, use_mean_pooling=False)))
   with pytest.raises(ValueError, match='use_mean_pooling=False'):
     convert.convert(str(folder), str(tmp_path / 'out.npz'))
+
+
+@pytest.mark.parametrize('arch,changes,want', [
+    ('VideoMAEModel', {}, dict(fc_norm=False, final_norm=False)),
+    ('VideoMAEForPreTraining', {'use_mean_pooling': False},
+     dict(fc_norm=False, final_norm=True)),
+    ('VideoMAEForVideoClassification', {}, dict(fc_norm=True,
+                                                final_norm=False)),
+    ('VideoMAEModel', {'qkv_bias': False}, dict(qkv_bias='none')),
+])
+def test_videomae_settings(arch, changes, want):
+  """Which norms a VideoMAE class has (a pooled model: its mean without
+  either), and an older file's `qkv_bias`."""
+  config = transformers_defaults.complete_config(dict(
+      model_type='videomae', architectures=[arch], **changes))
+  settings = transformers_video.model_settings(config)
+  have = dict(settings, **settings['transformer'])
+  assert {k: have.get(k) for k in want} == want

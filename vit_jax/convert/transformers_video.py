@@ -54,13 +54,16 @@ def model_settings(config: Dict[str, Any]) -> Dict[str, Any]:
     raise _unsupported(arch, 'num_channels', config['num_channels'],
                        "vit_jax's pipelines feed RGB frames")
   videomae = kind == 'videomae'
+  # Without a final norm; the classifier's mean through `fc_norm`.
   mean_pooling = videomae and config['use_mean_pooling']
-  if arch == 'VideoMAEForVideoClassification' and not mean_pooling:
+  classifier = arch == 'VideoMAEForVideoClassification'
+  if classifier and not mean_pooling:
     raise _unsupported(arch, 'use_mean_pooling', False, 'its head reads the '
                        "first patch token, which vit_jax's ViViT does not "
                        'pool')
   tubelet, height, width = _sides(config)
-  bias = config['qv_bias'] if videomae else config['qkv_bias']
+  # Older VideoMAE files name it `qkv_bias`, which transformers reads so.
+  bias = config['qkv_bias'] if 'qkv_bias' in config else config['qv_bias']
   transformer = dict(
       num_layers=config['num_hidden_layers'],
       num_heads=config['num_attention_heads'],
@@ -75,7 +78,7 @@ def model_settings(config: Dict[str, Any]) -> Dict[str, Any]:
                   classifier='gap' if videomae else 'token',
                   temporal_posemb='sincos' if videomae else 'joint')
   if videomae:  # torch's LayerNorm default: 1e-5
-    settings.update(fc_norm=mean_pooling, fc_norm_eps=1e-5)
+    settings.update(fc_norm=classifier, fc_norm_eps=1e-5)
   return settings
 
 
