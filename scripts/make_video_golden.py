@@ -25,10 +25,18 @@ writes into tests/data/transformers_video, each folder by `save_pretrained`
 Every parameter is moved off its init by N(0, 0.3) first, then rounded to
 float16, in which the weights are saved (half the bytes); the outputs are
 float32's of those values.
+
+  /work/venv_golden/bin/python scripts/make_video_golden.py --check FOLDER NAME
+
+loads a folder that `convert --layout=transformers` wrote from NAME's
+conversion with transformers and prints the largest differences of its
+outputs (a VideoMAEModel's: last_hidden_state) and of its processor's
+pixels from the golden ones; exits 1 above 1e-4.
 """
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -104,5 +112,29 @@ def main():
   print(f'Wrote {OUT}: {sorted(os.listdir(OUT))}')
 
 
+def check(folder, name):
+  golden = np.load(os.path.join(OUT, 'golden.npz'))
+  config = transformers.AutoConfig.from_pretrained(folder)
+  model = getattr(transformers, config.architectures[0]).from_pretrained(
+      folder).eval()
+  pixels = torch.from_numpy(golden['clip']).permute(0, 1, 4, 2, 3)
+  with torch.no_grad():
+    out = model(pixels)
+  out = (out.logits if hasattr(out, 'logits') else out.last_hidden_state)
+  error = float(np.abs(out.numpy() - golden[f'{name}/out']).max())
+  processor = transformers.AutoImageProcessor.from_pretrained(folder)
+  made = processor(list(golden['frames']), do_resize=False,
+                   do_center_crop=False, return_tensors='pt').pixel_values
+  pixel_error = float(np.abs(made[0].permute(0, 2, 3, 1).numpy() -
+                             golden[f'{name}/pixels']).max()) if (
+                                 f'{name}/pixels' in golden) else 0.
+  print(f'{folder} ({config.architectures[0]}): outputs within {error:.2e}, '
+        f'pixels within {pixel_error:.2e}')
+  sys.exit(int(max(error, pixel_error) > 1e-4))
+
+
 if __name__ == '__main__':
-  main()
+  if sys.argv[1:2] == ['--check']:
+    check(*sys.argv[2:4])
+  else:
+    main()

@@ -15,6 +15,7 @@ import pytest
 from tests import helpers
 from vit_jax import convert
 from vit_jax import models
+from vit_jax.checkpoints import files
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_defaults
 from vit_jax.convert import transformers_video
@@ -120,3 +121,19 @@ def test_videomae_settings(arch, changes, want):
   settings = transformers_video.model_settings(config)
   have = dict(settings, **settings['transformer'])
   assert {k: have.get(k) for k in want} == want
+
+
+@pytest.mark.parametrize('case', CASES)
+def test_written_back_reads_the_same(converted, case, tmp_path):
+  """--layout=transformers writes ViViT's and VideoMAE's classes (the
+  pre-trained encoder as a VideoMAEModel), read back to the same weights
+  and record (transformers' outputs on them: `make_video_golden.py
+  --check`, measured equal)."""
+  name, npz = converted[case]
+  folder = str(tmp_path / 'hf')
+  convert.convert(npz, folder, layout='transformers')
+  assert convert.convert(folder, str(tmp_path / 'back.npz')) == name
+  jax.tree.map(np.testing.assert_array_equal, files.read_params(npz),
+               files.read_params(str(tmp_path / 'back.npz')))
+  assert transform.load_transform(str(tmp_path / 'back.npz')) == (
+      transform.load_transform(npz))

@@ -388,6 +388,25 @@ def _videomae_biases(tower: Flat) -> Flat:
   return out
 
 
+def _video_biases(out: Flat, config: Dict[str, Any]) -> Flat:
+  """The projection biases that a video config's attention has (`export`
+  wrote zeros for those it lacks): ViViT's three or none, VideoMAE's
+  query and value (`q_bias`, `v_bias`) or none."""
+  videomae = config['model_type'] == 'videomae'
+  keep = config['qv_bias'] if videomae else config['qkv_bias']
+  renamed = {}
+  for key, value in out.items():
+    match = re.fullmatch(r'(.*\.attention\.attention\.)(query|key|value)'
+                         r'\.bias', key)
+    if match is None:
+      renamed[key] = value
+    elif keep and not videomae:
+      renamed[key] = value
+    elif keep and match[2] != 'key':
+      renamed[f'{match[1]}{match[2][0]}_bias'] = value
+  return renamed
+
+
 def _head_to_npz(key: str, value: np.ndarray, heads: int) -> Flat:
   """AIMv2's head parameter `key` (torch's layout) by its published name:
   the probe (1, 1, D); key and value kernels (D, H, K), out's (H, K, D)."""
@@ -460,7 +479,7 @@ def _unfold_class_entry(state: Flat) -> Flat:
 
 # Top-level modules outside the image tower's prefix: its heads.
 _OUTSIDE = ('classifier', 'cls_classifier', 'distillation_classifier',
-            'visual_projection')
+            'visual_projection', 'fc_norm')
 
 
 def _written_rules(arch: str, config: Dict[str, Any]) -> list:
@@ -471,8 +490,10 @@ def _written_rules(arch: str, config: Dict[str, Any]) -> list:
     return _VIT_COMMON + swiglu + _DINOV2_BLOCKS
   if family == 'deit':
     return _DEIT_HEADS + _VIT_COMMON + _VIT_BLOCKS
-  if family in ('vit', 'mae'):
+  if family in ('vit', 'mae', 'vivit'):
     return _VIT_COMMON + _VIT_BLOCKS
+  if family == 'videomae':
+    return _VIT_COMMON + _VIT_BLOCKS + [('fc_norm', 'fc_norm')]
   return _RULES[family]
 
 
@@ -532,6 +553,8 @@ def from_timm(state: Flat, extra: Flat, config: Dict[str, Any]) -> Flat:
     out = {k: v for k, v in out.items()
            if not re.fullmatch(r'encoder\.layer\.\d+\.attention\.[qkv]_proj'
                                r'\.bias', k)}
+  if family in ('vivit', 'videomae'):
+    out = _video_biases(out, config)
   if arch == 'Dinov2WithRegistersModel':
     # Its embeddings always hold one, which only masked image modeling
     # uses; zeros are transformers' own init.

@@ -183,3 +183,103 @@ def read(timm_state: Flat, extra: Flat, config: Dict[str, Any],
   flat = to_npz(timm_state, extra, config)
   name, model = preset_and_model(config, settings, model_name)
   return flat, name, model, eval_transform(weights, config)
+
+
+# Writing (`--layout=transformers`): what each class computes, beyond the
+# unfactorised encoder, square patches and no `pre_logits` (but VivitModel's
+# pooler): (class token, its table, fc_norm, final norm, qkv biases).
+_VIVIT = ('token', ('joint', None), False, True, ('qkv', 'none'))
+_VIDEOMAE = ('gap', ('sincos',), None, None, ('qv', 'none'))
+
+
+def _misfits(model: Dict[str, Any], flat: Flat) -> list:
+  """What neither ViViT's nor VideoMAE's classes compute of `model`."""
+  t = dict(model['transformer'])
+  videomae = model.get('temporal_posemb') == 'sincos'
+  classifier, posembs, fc_norm, final_norm, biases = (
+      _VIDEOMAE if videomae else _VIVIT)
+  head = 'head/kernel' in flat
+  if videomae:  # the classifier's fc_norm; VideoMAEModel's final norm or none
+    fc_norm, final_norm = head, (False if head else t.get('final_norm', True))
+  have = dict(encoder=model.get('encoder', 'unfactorised'),
+              classifier=model.get('classifier', 'token'),
+              temporal_posemb=model.get('temporal_posemb'),
+              fc_norm=bool(model.get('fc_norm')),
+              final_norm=t.get('final_norm', True),
+              qkv_bias=t.get('qkv_bias', 'qkv'),
+              quick_gelu=t.get('quick_gelu', False),
+              patches=tuple(model['patches']['size']))
+  want = dict(encoder='unfactorised', classifier=classifier,
+              temporal_posemb=posembs, fc_norm=fc_norm, final_norm=final_norm,
+              qkv_bias=biases, quick_gelu=False,
+              patches=(have['patches'][0],) * 2)
+  wrong = [f'{k}={have[k]!r}' for k, v in want.items()
+           if have[k] not in (v if isinstance(v, tuple) and k != 'patches'
+                              else (v,))]
+  if 'pre_logits/kernel' in flat and (videomae or head):
+    wrong.append('pre_logits (only VivitModel has a pooler)')
+  if videomae and head and model.get('fc_norm_eps') != 1e-5:
+    wrong.append(f"fc_norm_eps={model.get('fc_norm_eps')} (transformers: "
+                 '1e-5)')
+  return wrong
+
+
+def export_architecture(model: Dict[str, Any], flat: Flat) -> str:
+  """The transformers class of a ViViT's `model` and weights `flat`; else
+  one ValueError naming what none computes."""
+  videomae = model.get('temporal_posemb') == 'sincos'
+  head = 'head/kernel' in flat
+  arch = {(False, True): 'VivitForVideoClassification',
+          (False, False): 'VivitModel',
+          (True, True): 'VideoMAEForVideoClassification',
+          (True, False): 'VideoMAEModel'}[videomae, head]
+  wrong = _misfits(model, flat)
+  if wrong:
+    raise ValueError(f"{model.get('model_name')} cannot be written as "
+                     f"transformers' {arch}: it has {'; '.join(wrong)}.")
+  return arch
+
+
+def config_json(arch: str, model: Dict[str, Any], flat: Flat, side: int,
+                frames: int) -> Dict[str, Any]:
+  """transformers' config.json of `arch` computing `model`."""
+  t = model['transformer']
+  tubelet, patch = model['tubelet'], model['patches']['size'][0]
+  videomae = arch.startswith('VideoMAE')
+  config = dict(
+      architectures=[arch], model_type='videomae' if videomae else 'vivit',
+      hidden_size=model['hidden_size'], num_hidden_layers=t['num_layers'],
+      num_attention_heads=t['num_heads'], intermediate_size=t['mlp_dim'],
+      image_size=side, num_frames=frames, num_channels=3,
+      layer_norm_eps=float(t.get('layer_norm_eps', 1e-6)),
+      hidden_act=('gelu_fast' if not videomae else 'gelu_pytorch_tanh')
+      if t.get('gelu_approximate', True) else 'gelu',
+      hidden_dropout_prob=0., attention_probs_dropout_prob=0.)
+  biases = t.get('qkv_bias', 'qkv') != 'none'
+  if videomae:
+    config.update(patch_size=patch, tubelet_size=tubelet, qv_bias=biases,
+                  use_mean_pooling=arch.endswith('Classification') or
+                  not t.get('final_norm', True))
+  else:
+    config.update(tubelet_size=[tubelet, patch, patch], qkv_bias=biases)
+  if 'head/kernel' in flat:
+    names = [f'LABEL_{i}' for i in range(flat['head/kernel'].shape[-1])]
+    config.update(id2label=dict(enumerate(names)),
+                  label2id={n: i for i, n in enumerate(names)})
+  if 'pre_logits/bias' in flat:
+    config.update(pooler_output_size=flat['pre_logits/bias'].shape[0],
+                  pooler_act='tanh')
+  return config
+
+
+def preprocessor_json(arch: str, spec) -> Dict[str, Any]:
+  """The image processor of an eval transform (`transform.Transform`):
+  ViViT's with its offset rescale to [-1, 1], so its mean and std are
+  2 * mean - 1 and 2 * std; VideoMAE's as an image's."""
+  out = transformers_config.preprocessor_json(spec)
+  if arch.startswith('VideoMAE'):
+    return dict(out, image_processor_type='VideoMAEImageProcessor')
+  return dict(out, image_processor_type='VivitImageProcessor',
+              rescale_factor=1 / 127.5, offset=True,
+              image_mean=[2 * m - 1 for m in spec.mean],
+              image_std=[2 * s for s in spec.std])
