@@ -93,15 +93,19 @@ def test_from_pretrained_converts_a_folder(converted):
   assert 'bias' in attention['query'] and 'bias' not in attention['key']
 
 
-def test_first_token_head_is_refused(tmp_path):
+@pytest.mark.parametrize('changes,match', [
+    ({'use_mean_pooling': False}, 'use_mean_pooling=False'),
+    ({'intermediate_size': 48}, 'mlp_dim 48 .weights: 64.'),
+])
+def test_refused_before_anything_compiles(tmp_path, changes, match):
   """VideoMAEForVideoClassification without mean pooling reads its first
-  patch token, which ViViT does not: one clear error."""
-  folder = tmp_path / 'first_token'
+  patch token, which ViViT does not; a config.json that does not describe
+  its weights: one clear error each."""
+  folder = tmp_path / 'changed'
   shutil.copytree(os.path.join(DATA, 'videomae'), folder)
   config = json.loads((folder / 'config.json').read_text())
-  (folder / 'config.json').write_text(json.dumps(
-      dict(config, use_mean_pooling=False)))
-  with pytest.raises(ValueError, match='use_mean_pooling=False'):
+  (folder / 'config.json').write_text(json.dumps(dict(config, **changes)))
+  with pytest.raises(ValueError, match=match):
     convert.convert(str(folder), str(tmp_path / 'out.npz'))
 
 

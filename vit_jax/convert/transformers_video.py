@@ -175,12 +175,32 @@ def eval_transform(weights: str, config: Dict[str, Any]) -> Dict[str, Any]:
               num_frames=int(config['num_frames']))
 
 
+def _check_dims(flat: Flat, settings: Dict[str, Any], path: str) -> None:
+  """config.json and the weights must describe the same model."""
+  t = settings['transformer']
+  kernel = flat[_KERNEL].shape
+  have = dict(width=kernel[-1], tubelet=kernel[:3],
+              depth=len({k.split('/')[1] for k in flat
+                         if k.startswith('Transformer/encoderblock_')}),
+              mlp_dim=flat['Transformer/encoderblock_0/MlpBlock_3/Dense_0/'
+                           'kernel'].shape[-1])
+  said = dict(width=settings['hidden_size'], tubelet=(
+      settings['tubelet'], *settings['patches']['size']),
+              depth=t['num_layers'], mlp_dim=t['mlp_dim'])
+  wrong = [f'{k} {v} (weights: {have[k]})' for k, v in said.items()
+           if tuple(np.atleast_1d(have[k])) != tuple(np.atleast_1d(v))]
+  if wrong:
+    raise ValueError(f"{path}'s config.json does not describe its weights: "
+                     f'it says {", ".join(wrong)}.')
+
+
 def read(timm_state: Flat, extra: Flat, config: Dict[str, Any],
          weights: str, model_name: Optional[str]):
   """(published names, preset, model overrides, eval transform) of a video
   model's tower renamed to timm's (`to_timm`)."""
   settings = model_settings(config)
   flat = to_npz(timm_state, extra, config)
+  _check_dims(flat, settings, weights)
   name, model = preset_and_model(config, settings, model_name)
   return flat, name, model, eval_transform(weights, config)
 
