@@ -54,7 +54,7 @@ def model_settings(config: Dict[str, Any]) -> Dict[str, Any]:
     raise _unsupported(arch, 'num_channels', config['num_channels'],
                        "vit_jax's pipelines feed RGB frames")
   videomae = kind == 'videomae'
-  # Without a final norm; the classifier's mean through `fc_norm`.
+  # use_mean_pooling: no final norm (the classifier has `fc_norm`).
   mean_pooling = videomae and config['use_mean_pooling']
   classifier = arch == 'VideoMAEForVideoClassification'
   if classifier and not mean_pooling:
@@ -124,6 +124,9 @@ def preset_and_model(config: Dict[str, Any], settings: Dict[str, Any],
       family].presets if _shape(p.to_dict()) == _shape(settings)), None)
   if name is None:
     return f'{family}-custom', dict(settings, representation_size=None)
+  if registry.family(name).name != family:
+    raise ValueError(f"transformers' {architecture(config)} is a {family} "
+                     f'model; {name} is not one of its presets.')
   preset = _completed(registry.MODEL_CONFIGS[name].to_dict())
   if _shape(preset) != _shape(settings):
     raise ValueError(f"transformers' {architecture(config)} of shapes "
