@@ -385,11 +385,13 @@ def _defaults():
       T.CLIPTextConfig, T.SiglipConfig, T.SiglipVisionConfig,
       T.SiglipTextConfig, T.Siglip2Config, T.Siglip2VisionConfig,
       T.Siglip2TextConfig, T.SwinConfig, T.InternVLVisionConfig, T.Aimv2Config,
-      T.Aimv2VisionConfig, T.Aimv2TextConfig)}
+      T.Aimv2VisionConfig, T.Aimv2TextConfig, T.VivitConfig,
+      T.VideoMAEConfig)}
   processors = {}
   for name in ('ViTImageProcessor', 'DeiTImageProcessor', 'CLIPImageProcessor',
                'BitImageProcessor', 'SiglipImageProcessor',
-               'Siglip2ImageProcessor'):
+               'Siglip2ImageProcessor', 'VivitImageProcessor',
+               'VideoMAEImageProcessor'):
     cls = getattr(T, name + 'Pil', None) or getattr(T, name)
     processors[name] = json.loads(cls().to_json_string())
   return {'configs': configs, 'processors': processors}

@@ -28,6 +28,7 @@ from vit_jax.convert import converter
 from vit_jax.convert import transform as transforms
 from vit_jax.models import lit
 from vit_jax.models import registry
+from vit_jax.models import vivit
 
 
 class Pretrained(NamedTuple):
@@ -54,8 +55,11 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   it. `image_size`: the side the model sees (default: the recorded one,
   else the one the position table implies); the table is resized to it as
   the source does. A NaFlex tower (`posemb_grid`) takes any (height,
-  width), its table resized to each image's grid at run time. `overrides` change the model config (nested dicts key by
-  key), e.g. `classifier='token_unpooled'` for every token's features.
+  width), its table resized to each image's grid at run time. A video
+  model (ViViT, VideoMAE) takes clips (N, T, H, W, C) of the recorded
+  `num_frames` at the recorded side, as its tables are. `overrides` change
+  the model config (nested dicts key by key), e.g.
+  `classifier='token_unpooled'` for every token's features.
   """
   src = os.fspath(src)
   path, record = converter.checkpoint_and_record(src, model_name)
@@ -70,6 +74,9 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   normalization = checkpoint_record.normalization(record, name)
   if registry.model_class(name, config) is lit.LitModel:
     model, params, size = _two_towers(config, path)
+  elif registry.model_class(name, config) is vivit.ViViT:  # clips
+    model, params, size, _ = loading.load_video_model(
+        config, path, size, record.get('num_frames'))
   else:
     # load_params resizes the table as the record says (posemb_resize).
     model, params, size = loading.load_model(config, path, size)

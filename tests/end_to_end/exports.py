@@ -204,8 +204,9 @@ def _parsed_flags(workdir, tmp_path):
                f'--out={tmp_path}/f.npz'])
 
 
-def _abstract_apply(model, params, size):
-  images = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
+def _abstract_apply(model, params, size, frames=None):
+  images = jax.ShapeDtypeStruct((1, *([frames] if frames else []), size,
+                                 size, 3), jnp.float32)
   if isinstance(model, lit_models.LitModel):
     tokens = jax.ShapeDtypeStruct((1, model.pp['max_len']), jnp.int32)
     return jax.eval_shape(lambda p, x, t: model.apply(
@@ -215,15 +216,17 @@ def _abstract_apply(model, params, size):
 
 
 def from_pretrained(workdir, config, tmp_path):
-  """The workdir and its export give one model; it applies."""
-  del config, tmp_path
+  """The workdir and its export give one model; it applies (a video
+  model to a clip of the run's frames)."""
+  del tmp_path
   loaded = models.from_pretrained(workdir)
   npz, _ = record.resolve(workdir)
   again = models.from_pretrained(npz)
   jax.tree.map(np.testing.assert_array_equal, loaded.params, again.params)
   assert loaded.model == again.model
-  assert jax.tree.leaves(_abstract_apply(loaded.model, loaded.params,
-                                         loaded.transform.size))
+  assert jax.tree.leaves(_abstract_apply(
+      loaded.model, loaded.params, loaded.transform.size,
+      config.video.frames if config.get('video') else None))
 
 
 def predict_classes(workdir, config, tmp_path):
@@ -322,7 +325,8 @@ REFUSED = {
     **{(k, 'predict'): 'is a two-tower model' for k in TOWERS},
     **{(k, 'analysis'): 'is not a ViT' for k in TOWERS},
     **{(k, c): why for k, why in NOT_IMAGE_MODELS.items()
-       for c in ('from_pretrained', 'predict', 'features', 'analysis')},
+       for c in ('from_pretrained', 'predict', 'features', 'analysis')
+       if (k, c) != ('vivit', 'from_pretrained')},  # clips
     **{(k, 'convert'): 'which has no timm or transformers layout'
        for k in NOT_IMAGE_MODELS},
     **{(k, 'caption'): 'is not a captioner export'

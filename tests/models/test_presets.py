@@ -225,6 +225,20 @@ def _pe_sizes():
 
 MODEL_SIZES.update(_pe_sizes())
 
+
+def _videomae_sizes():
+  """VideoMAE's: transformers 5.23's VideoMAEForVideoClassification of
+  each preset's shapes with 400 classes (scripts/make_videomae_counts.py),
+  its head made 1000-class."""
+  with open(f'{ROOT}/tests/data/videomae_param_counts.json') as f:
+    data = json.load(f)
+  head = lambda name, n: n * (models.MODEL_CONFIGS[name].hidden_size + 1)
+  return {name: n - head(name, data['classes']) + head(name, 1000)
+          for name, n in data['counts'].items()}
+
+
+MODEL_SIZES.update(_videomae_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 
@@ -236,7 +250,8 @@ def test_all_tested():
 def test_param_count(name):
   two_towers = models.model_class(name) is models.LitModel
   kw = {} if two_towers else dict(num_classes=1000)
-  if models.model_class(name) is models.VisionTransformer:
+  if models.model_class(name) is models.VisionTransformer or (
+      registry.family(name).name == 'VideoMAE'):
     # Scanned blocks: the same parameters, stacked, traced once (cheaper).
     kw['transformer'] = dict(models.MODEL_CONFIGS[name].transformer,
                              scan=True)
@@ -246,8 +261,9 @@ def test_param_count(name):
   side = registry.native_resolution(name) if name.startswith(
       'Swin-') else 224
   shape = (1, side, side, 3)
-  if registry.family(name).name == 'ViViT':
-    shape = (1, 32, *shape[1:])
+  if registry.family(name).name in ('ViViT', 'VideoMAE'):
+    shape = (1, 32 if registry.family(name).name == 'ViViT' else 16,
+             *shape[1:])
   assert models.count_params(model, shape) == MODEL_SIZES[name]
 
 

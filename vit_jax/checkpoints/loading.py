@@ -104,6 +104,44 @@ def load_model(model_config, path, size=None, *, model=None,
                             found=found), size
 
 
+def load_video_model(model_config, path, size, frames=None):
+  """(model, params, frame side, frames) of a video checkpoint (a ViViT's
+  `model_config`) at `path`, taking clips of `frames` frames of `size` px;
+  `frames` defaults to what a joint position table holds at that size. Its
+  tables are the file's: other sizes are `inflate`'s (trainer='video')."""
+  if size is None:
+    raise ValueError(f'{path} is a video model and records no frame size: '
+                     'give image_size.')
+  found = files.read_params(path)
+  config = model_config_for(found, model_config)
+  if config.get('dtype') == 'auto':
+    config['dtype'] = target.compute_dtype(training=False)
+  model = vivit.ViViT(**{k: v for k, v in config.items()
+                         if k in vivit.ViViT.__dataclass_fields__ and
+                         k != 'parent'})
+  frames = frames or _video_frames(found, config, size, path)
+  expected = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), np.zeros((1, frames, size, size, 3), np.float32),
+      train=False))['params']
+  return model, load_params(path, init_params=expected, model_config=config,
+                            found=found, resize_posemb=False), size, frames
+
+
+def _video_frames(params, config, size, path) -> int:
+  """The frames of a clip whose tokens fill a joint table at `size`."""
+  table = params.get('Transformer', {}).get('posembed_input', {}).get(
+      'pos_embedding')
+  if table is None or config.get('temporal_posemb') not in (None, 'joint'):
+    raise ValueError(f'{path} is a video model whose frames only its record '
+                     "says (its 'num_frames'): convert it with its "
+                     'config.json, or give the record.')
+  patch = models_vit.patch_size(config['patches'])
+  tokens = files.shape_of(table)[1] - int(config.get('classifier', 'token')
+                                           == 'token')
+  per_slot = (size // patch[0]) * (size // patch[1])
+  return tokens // per_slot * config.get('tubelet', 2)
+
+
 def _sides(size, model_config):
   """(height, width) of an int side or a pair; a pair of unequal sides
   only for a model whose table is resized per image (`posemb_grid`)."""

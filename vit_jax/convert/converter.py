@@ -40,6 +40,7 @@ from vit_jax.convert import transformers_defaults
 from vit_jax.convert import transformers_layout
 from vit_jax.convert import torch_files
 from vit_jax.convert import transformers_text
+from vit_jax.convert import transformers_video
 from vit_jax.convert.names import missing_keys
 from vit_jax.convert.names import timm_to_npz
 from vit_jax.convert.timm_config import mlp_settings
@@ -296,8 +297,12 @@ def _from_transformers(state: Flat, config, weights: str,
   timm_state, extra, dropped = transformers_layout.to_timm(state, config)
   towers = arch in transformers_layout.TWO_TOWERS and (
       model_name is None or registry.model_class(model_name) is lit.LitModel)
-  image = _tower_source(timm_state, extra, config, weights,
-                        None if towers else model_name)
+  if transformers_layout.kind(config) in transformers_video.KINDS:
+    image = Source(*transformers_video.read(timm_state, extra, config,
+                                            weights, model_name))
+  else:
+    image = _tower_source(timm_state, extra, config, weights,
+                          None if towers else model_name)
   if towers:
     return _two_towers(state, config, image, model_name)
   if dropped:
@@ -305,8 +310,10 @@ def _from_transformers(state: Flat, config, weights: str,
             transformers_layout.TWO_TOWERS else
             "pre-training's " + ', '.join(sorted({d.split('.')[0] for d in
                                                   dropped})))
-    print(f"Note: {weights} is transformers' {arch}: converting the image "
-          f'tower, without {what} ({len(dropped)} names).', file=sys.stderr)
+    tower = ('encoder' if transformers_layout.kind(config) in
+             transformers_video.KINDS else 'image tower')
+    print(f"Note: {weights} is transformers' {arch}: converting the "
+          f'{tower}, without {what} ({len(dropped)} names).', file=sys.stderr)
   return image
 
 

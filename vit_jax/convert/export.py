@@ -16,9 +16,11 @@ from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_layout
+from vit_jax.convert import transformers_video
 from vit_jax.convert.names import npz_to_timm
 from vit_jax.convert.preset_inference import infer_preset
 from vit_jax.models import registry
+from vit_jax.models import vivit
 
 Flat = Dict[str, np.ndarray]
 
@@ -127,6 +129,9 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   if 'image' in model:  # a two-tower model: its image tower (`_npz_flat`)
     model = dict(model['image'])
     name = model.get('model_name') or name
+  if registry.model_class(name, model) is vivit.ViViT:  # clips
+    return _video_to_transformers(dst, name, model, flat, record,
+                                  _eval_transform(name, record, normalization))
   arch = transformers_config.export_architecture(name, model, flat)
   spec = _eval_transform(name, record, normalization)
   config = transformers_config.config_json(arch, model, flat, spec.size)
@@ -142,6 +147,28 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   _write_folder(dst, config, weights, processor)
   if arch == 'ViTModel' and 'pre_logits/kernel' not in flat:
     print(f'Note: {dst} is a ViTModel without a pooler: load it with '
+          'add_pooling_layer=False.', file=sys.stderr)
+  return name
+
+
+def _video_to_transformers(dst, name, model, flat, record, spec) -> str:
+  """`to_transformers` of a ViViT: ViViT's or VideoMAE's classes."""
+  arch = transformers_video.export_architecture(model, flat)
+  frames = record.get('num_frames')
+  if frames is None:
+    raise ValueError(f'{name}: its record says no num_frames, which '
+                     "transformers' config.json needs.")
+  config = transformers_video.config_json(arch, model, flat, spec.size,
+                                          frames)
+  flat = convert_eva.with_zero_biases(flat)  # `from_timm` drops them again
+  state, extra = _timm_state(flat, model)
+  state['patch_embed.proj.weight'] = state['patch_embed.proj.weight'
+                                          ].transpose(4, 3, 0, 1, 2)
+  weights = transformers_layout.from_timm(state, extra, config)
+  _write_folder(dst, config, weights,
+                transformers_video.preprocessor_json(arch, spec))
+  if arch == 'VivitModel' and 'pre_logits/kernel' not in flat:
+    print(f'Note: {dst} is a VivitModel without a pooler: load it with '
           'add_pooling_layer=False.', file=sys.stderr)
   return name
 

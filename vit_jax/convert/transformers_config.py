@@ -31,7 +31,8 @@ Flat = Dict[str, np.ndarray]
 
 # transformers' hidden_act -> timm's act_layer.
 _ACTIVATIONS = {'gelu': None, 'gelu_pytorch_tanh': 'gelu_tanh',
-                'gelu_new': 'gelu_tanh', 'quick_gelu': 'quick_gelu'}
+                'gelu_new': 'gelu_tanh', 'gelu_fast': 'gelu_tanh',
+                'quick_gelu': 'quick_gelu'}
 
 
 def _unsupported(arch: str, key: str, value, why: str) -> ValueError:

@@ -80,6 +80,14 @@ CONFIGS = {
         num_hidden_layers=12, num_attention_heads=6,
         max_position_embeddings=77, hidden_act='silu', eos_token_id=49407,
         rms_norm_eps=1e-5, qkv_bias=False, mlp_bias=False),
+    # Video: ViViT's 32 frames in tubelets of 2x16x16, VideoMAE's 16 of 2x16.
+    'vivit': dict(
+        {k: v for k, v in _TOWER.items() if k != 'patch_size'},
+        num_frames=32, tubelet_size=[2, 16, 16], hidden_act='gelu_fast',
+        layer_norm_eps=1e-6, qkv_bias=True, pooler_act='tanh'),
+    'videomae': dict(_TOWER, num_frames=16, tubelet_size=2, hidden_act='gelu',
+                     layer_norm_eps=1e-12, qv_bias=True,
+                     use_mean_pooling=True),
     'swin': dict(image_size=224, patch_size=4, num_channels=3, embed_dim=96,
                  depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                  window_size=7, mlp_ratio=4.0, qkv_bias=True,
@@ -132,6 +140,15 @@ PROCESSORS = {
         do_center_crop=True, crop_size=_SQUARE(224), **_CLIP)),
     'SiglipImageProcessor': (True, dict(
         _COMMON, size=_SQUARE(224), resample=3, **_IMAGENET_HALF)),
+    # Video: each frame as an image. ViViT's rescale has an `offset`: x *
+    # rescale_factor - 1, then its mean and std.
+    'VivitImageProcessor': (False, dict(
+        _COMMON, size={'shortest_edge': 256}, resample=2,
+        do_center_crop=True, crop_size=_SQUARE(224), rescale_factor=1 / 127.5,
+        offset=True, **_IMAGENET_HALF)),
+    'VideoMAEImageProcessor': (False, dict(
+        _COMMON, size={'shortest_edge': 224}, resample=2,
+        do_center_crop=True, crop_size=_SQUARE(224), **_IMAGENET_HALF)),
     # NaFlex: each image resized to at most `max_num_patches` patches.
     'Siglip2ImageProcessor': (True, dict(
         _COMMON, resample=2, patch_size=16, max_num_patches=256,

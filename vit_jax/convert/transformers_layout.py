@@ -35,6 +35,11 @@ What each architecture becomes (docs/checkpoints.md lists the names):
   and, with `use_head`, its attention-pooling head (`KVPoolHead_0`, which
   timm lacks: published names beside timm's); `Aimv2Model`'s bias-free
   `visual_projection` is the head, as CLIP's.
+- `VivitForVideoClassification`, `VivitModel`,
+  `VideoMAEForVideoClassification`, `VideoMAEModel` and
+  `VideoMAEForPreTraining` (the encoder; the decoder is dropped): ViT's
+  names, but for the 3-D tubelet kernel and VideoMAE's `q_bias`, `v_bias`
+  (no key bias); `convert.transformers_video` reads them as a ViViT.
 """
 
 import re
@@ -66,6 +71,11 @@ ARCHITECTURES = {
     'InternVLVisionModel': ('internvl', ''),
     'Aimv2VisionModel': ('aimv2', ''),
     'Aimv2Model': ('aimv2', 'vision_model.'),
+    'VivitForVideoClassification': ('vivit', 'vivit.'),
+    'VivitModel': ('vivit', ''),
+    'VideoMAEForVideoClassification': ('videomae', 'videomae.'),
+    'VideoMAEModel': ('videomae', ''),
+    'VideoMAEForPreTraining': ('videomae', 'videomae.'),
 }
 TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model', 'Aimv2Model')
 
@@ -171,7 +181,8 @@ _AIMV2 = [
 ]
 _RULES = {'vit': _VIT, 'deit': _VIT, 'dinov2': _VIT, 'mae': _VIT,
           'clip': _CLIP, 'siglip': _CLIP, 'siglip2': _CLIP, 'swin': _SWIN,
-          'internvl': _INTERNVL, 'aimv2': _AIMV2}
+          'internvl': _INTERNVL, 'aimv2': _AIMV2, 'vivit': _VIT,
+          'videomae': _VIT + [('fc_norm', 'fc_norm')]}
 # Separate projections (transformers' module, its parts in timm's order)
 # and timm's fused one.
 _QKV = {'vit': ('encoder.layer.{i}.attention.attention.{part}',
@@ -192,6 +203,7 @@ _KV_POOL = {'head.k_proj': ('KVPoolHead_0/key', 'heads'),
 # Parameters that only pre-training uses, or the text side of two towers,
 # dropped with a note.
 _DROPPED = (r'(\w+\.)?embeddings\.mask_token', r'decoder\..*',
+            r'encoder_to_decoder\.weight', 'mask_token',
             r'text_model\..*', 'text_projection.weight', 'logit_scale',
             'logit_bias')
 
@@ -224,7 +236,7 @@ def architecture(config: Dict[str, Any]) -> str:
 
 def kind(config: Dict[str, Any]) -> str:
   """'vit', 'deit', 'dinov2', 'mae', 'clip', 'siglip', 'siglip2', 'swin',
-  'internvl' or 'aimv2'."""
+  'internvl', 'aimv2', 'vivit' or 'videomae'."""
   return ARCHITECTURES[architecture(config)][0]
 
 
@@ -325,6 +337,8 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   tower, dropped = _image_tower(state, prefix)
   if family == 'siglip2':
     tower = _patches_as_conv(tower, vision_config(config)['patch_size'])
+  if family == 'videomae':
+    tower = _videomae_biases(tower)
   fused, tower = _fuse(tower, family)
   out, extra, unknown = dict(fused), {}, []
   for key, value in tower.items():
@@ -356,6 +370,41 @@ def to_timm(state: Flat, config: Dict[str, Any]) -> Tuple[Flat, Flat, list]:
   if arch == 'Dinov2WithRegistersModel':
     out = _fold_class_entry(out)
   return out, extra, dropped
+
+
+def _videomae_biases(tower: Flat) -> Flat:
+  """VideoMAE's query and value biases (`q_bias`, `v_bias`; transformers
+  5 reads them as `query.bias`, `value.bias` too) as ViT's, and a zero key
+  bias, which it lacks (`transformers_video` drops it again)."""
+  out = {}
+  for key, value in tower.items():
+    match = re.fullmatch(r'(.*\.attention\.attention\.)([qv])_bias', key)
+    out[f'{match[1]}{"query" if match[2] == "q" else "value"}.bias'
+        if match else key] = value
+  for key, value in list(out.items()):
+    match = re.fullmatch(r'(.*\.attention\.attention\.)query\.bias', key)
+    if match:
+      out[f'{match[1]}key.bias'] = np.zeros_like(value)
+  return out
+
+
+def _video_biases(out: Flat, config: Dict[str, Any]) -> Flat:
+  """The projection biases that a video config's attention has (`export`
+  wrote zeros for those it lacks): ViViT's three or none, VideoMAE's
+  query and value (`q_bias`, `v_bias`) or none."""
+  videomae = config['model_type'] == 'videomae'
+  keep = config['qv_bias'] if videomae else config['qkv_bias']
+  renamed = {}
+  for key, value in out.items():
+    match = re.fullmatch(r'(.*\.attention\.attention\.)(query|key|value)'
+                         r'\.bias', key)
+    if match is None:
+      renamed[key] = value
+    elif keep and not videomae:
+      renamed[key] = value
+    elif keep and match[2] != 'key':
+      renamed[f'{match[1]}{match[2][0]}_bias'] = value
+  return renamed
 
 
 def _head_to_npz(key: str, value: np.ndarray, heads: int) -> Flat:
@@ -430,7 +479,7 @@ def _unfold_class_entry(state: Flat) -> Flat:
 
 # Top-level modules outside the image tower's prefix: its heads.
 _OUTSIDE = ('classifier', 'cls_classifier', 'distillation_classifier',
-            'visual_projection')
+            'visual_projection', 'fc_norm')
 
 
 def _written_rules(arch: str, config: Dict[str, Any]) -> list:
@@ -441,8 +490,10 @@ def _written_rules(arch: str, config: Dict[str, Any]) -> list:
     return _VIT_COMMON + swiglu + _DINOV2_BLOCKS
   if family == 'deit':
     return _DEIT_HEADS + _VIT_COMMON + _VIT_BLOCKS
-  if family in ('vit', 'mae'):
+  if family in ('vit', 'mae', 'vivit'):
     return _VIT_COMMON + _VIT_BLOCKS
+  if family == 'videomae':
+    return _VIT_COMMON + _VIT_BLOCKS + [('fc_norm', 'fc_norm')]
   return _RULES[family]
 
 
@@ -502,6 +553,8 @@ def from_timm(state: Flat, extra: Flat, config: Dict[str, Any]) -> Flat:
     out = {k: v for k, v in out.items()
            if not re.fullmatch(r'encoder\.layer\.\d+\.attention\.[qkv]_proj'
                                r'\.bias', k)}
+  if family in ('vivit', 'videomae'):
+    out = _video_biases(out, config)
   if arch == 'Dinov2WithRegistersModel':
     # Its embeddings always hold one, which only masked image modeling
     # uses; zeros are transformers' own init.

@@ -10,6 +10,12 @@ slots' pooled tokens with a temporal one (`TemporalTransformer`,
 `cls_TemporalTransformer`). The names are Scenic's, but for the head,
 `head` as the ViT's (Scenic: `output_projection`), so that an image ViT's
 parameters map by name (`vit_jax.checkpoints.inflate`).
+
+VideoMAE's encoder (Tong et al., NeurIPS 2022) is model 1 with options: a
+fixed sinusoid table (temporal_posemb='sincos'), no class token ('gap'),
+query and value biases but no key bias (transformer.qkv_bias='qv'), and
+after mean pooling either `fc_norm` without a final norm (its fine-tuned
+models) or the final norm alone (its pre-trained encoders).
 """
 
 from typing import Any, Optional
@@ -18,12 +24,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vit_jax.models import intermediates
+from vit_jax.models import ops
 from vit_jax.models.encoder import Encoder
 from vit_jax.models.layers import IdentityLayer
 from vit_jax.models.posemb import patch_size
+from vit_jax.models.posemb import sinusoid_table
 
 ENCODERS = ('unfactorised', 'factorised')
-TEMPORAL_POSEMBS = ('joint', 'separate')
+TEMPORAL_POSEMBS = ('joint', 'separate', 'sincos')
 CLASSIFIERS = ('token', 'gap')
 OUTPUT_FORMATS = ('NTHWC', 'NLC')
 
@@ -98,12 +106,17 @@ class ViViT(nn.Module):
     temporal_posemb: of the unfactorised encoder: 'joint', one learned
       table over the class token and all T'·h·w tokens (the paper's);
       'separate', an image ViT's spatial table plus a learned temporal one
-      over the T' slots (`SeparatePositionEmbs`). The factorised encoder's
+      over the T' slots (`SeparatePositionEmbs`); 'sincos', VideoMAE's
+      fixed table (`sinusoid_table`) over the T'·h·w tokens, no parameter
+      (the class token, if any, gets none). The factorised encoder's
       tables are separate by construction (one per encoder); None: 'joint'
       or that.
     representation_size: width of the tanh `pre_logits` layer, if any.
     classifier: 'token' (class token) or 'gap' (mean of the tokens), in
       each encoder.
+    fc_norm: a LayerNorm `fc_norm` on the pooled features (VideoMAE's
+      fine-tuned models, which set `transformer.final_norm` False), of
+      epsilon `fc_norm_eps` (None: the encoder's `layer_norm_eps`).
     dtype: of the computation; parameters stay float32, logits float32.
   """
   num_classes: Optional[int]
@@ -116,6 +129,8 @@ class ViViT(nn.Module):
   temporal_posemb: Optional[str] = None
   representation_size: Optional[int] = None
   classifier: str = 'token'
+  fc_norm: bool = False
+  fc_norm_eps: Optional[float] = None
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
 
@@ -181,10 +196,11 @@ class ViViT(nn.Module):
       raise ValueError("encoder='factorised' needs temporal_transformer, "
                        f'and only it: got encoder={self.encoder!r} with '
                        f'temporal_transformer={self.temporal_transformer}.')
-    if factorised and self.temporal_posemb == 'joint':
+    if factorised and self.temporal_posemb in ('joint', 'sincos'):
       raise ValueError("The factorised encoder's position tables are "
                        'separate (one per encoder): temporal_posemb='
-                       "'joint' is for encoder='unfactorised'.")
+                       f"{self.temporal_posemb!r} is for encoder="
+                       "'unfactorised'.")
 
   @nn.compact
   def _forward(self, inputs, train, take=None):
@@ -224,6 +240,10 @@ class ViViT(nn.Module):
 
   def _unfactorised(self, x, slots, train, take):
     """Model 1: class token and every spatio-temporal token, one encoder."""
+    posemb = 'learn'
+    if self.temporal_posemb == 'sincos':
+      posemb = 'none'
+      x = x + sinusoid_table(*x.shape[1:]).astype(x.dtype)
     x = self._prepend_cls(x, 'cls')
     kw = {} if take is None else dict(zip(('take', 'depth', 'norm_taken'),
                                           take))
@@ -234,7 +254,7 @@ class ViViT(nn.Module):
                                       prefix=int(self.classifier == 'token'),
                                       **kw)
     else:
-      out = Encoder(name='Transformer', posemb='learn',
+      out = Encoder(name='Transformer', posemb=posemb,
                     **self._settings(self.transformer))(x, train=train, **kw)
     return out if take is not None else self._pool(out)
 
@@ -260,7 +280,11 @@ class ViViT(nn.Module):
     return (x, taken) if take is not None else self._pool(x)
 
   def _head(self, x):
-    """`pre_logits` and the head of the pooled features."""
+    """`fc_norm`, `pre_logits` and the head of the pooled features."""
+    if self.fc_norm:
+      eps = self.fc_norm_eps or self.transformer.get('layer_norm_eps', 1e-6)
+      x = ops.LayerNorm(name='fc_norm', epsilon=eps,
+                        dtype=jnp.dtype(self.dtype))(x)
     if self.representation_size is not None:
       x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',
                            dtype=jnp.dtype(self.dtype))(x))
