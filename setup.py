@@ -65,9 +65,12 @@ setuptools.setup(
                  'papermill>=2.5', 'ipykernel>=6.0',
                  # tests/original/test_notebook.py runs a notebook directly.
                  'nbclient>=0.9', 'nbformat>=5.9',
-                 'ipython>=8.0'],  # notebooks' IPython.display
+                 'ipython>=8.0',  # notebooks' IPython.display
+                 'av>=12.0'],  # vit_jax.predict's video files
         # vit_jax.convert: .safetensors, torch's .pth/.bin, hub downloads.
         'convert': ['safetensors>=0.4', 'torch>=2.1', 'huggingface_hub>=0.23'],
+        # vit_jax.predict: video files (.mp4, .webm, ...; PyAV bundles FFmpeg).
+        'video': ['av>=12.0'],
         # A TPU VM, and vit_jax.plan (libtpu compiles for TPU slices here).
         'tpu': ['jax[tpu]>=0.5.3'],
         # NVIDIA GPUs: jax's CUDA 12 wheels (CUDA and cuDNN from pip).

@@ -31,6 +31,7 @@ from vit_jax.checkpoints import loading
 from vit_jax import cli
 from vit_jax.convert import converter
 from vit_jax.convert import transform
+from vit_jax.data import clips
 from vit_jax.data import packing
 from vit_jax.models import lit
 from vit_jax.models import registry
@@ -58,7 +59,11 @@ def load_classifier(model_name, path, size=None, recorded=None):
   if registry.model_class(name, config) is lit.LitModel:
     raise ValueError(f'{path} is a two-tower model ({name}): it has no '
                      "classes to predict; evaluate it with trainer='zeroshot'.")
-  model, params, size = loading.load_model(config, path, size)
+  if registry.takes_clips(name, config):
+    model, params, size, _ = loading.load_video_model(
+        config, path, size, (recorded or {}).get('num_frames'))
+  else:
+    model, params, size = loading.load_model(config, path, size)
   if not model.num_classes:
     raise ValueError(f'{path} has no `head`: it cannot classify.')
   return model, params, size
@@ -112,6 +117,42 @@ def naflex_summary(spec, patch: int, max_patches: int) -> str:
           f'std {spec.std}.')
 
 
+def _flag(name):
+  """A flag of the command line's (None where it is not defined)."""
+  return FLAGS.get_flag_value(name, None)
+
+
+def clip_views(recorded, frames_in_clip=None):
+  """(frames, stride, views) of a video model's test: the flags', else the
+  record's (`num_frames`, `frame_stride`, `test_views`); without a stride,
+  one that spreads the window over the whole clip of `frames_in_clip`."""
+  recorded = recorded or {}
+  frames = _flag('frames') or recorded.get('num_frames')
+  if not frames:
+    raise ValueError('The checkpoint records no frames per clip: give '
+                     '--frames.')
+  stride = _flag('frame_stride') or recorded.get('frame_stride')
+  if not stride and frames_in_clip:
+    stride = max(1, (frames_in_clip - 1) // max(1, frames - 1))
+  return int(frames), stride, int(_flag('views') or recorded.get(
+      'test_views') or 1)
+
+
+def read_clip(path, spec, recorded) -> np.ndarray:
+  """The clip at `path` as the video evaluator's views: (views, frames,
+  height, width, 3), each frame by `spec`."""
+  frames = clips.read_frames(path)
+  count, stride, views = clip_views(recorded, len(frames))
+  offsets = clips.test_offsets(len(frames), count, stride, views)
+  prepared = {}
+  def frame(i):
+    if i not in prepared:
+      prepared[i] = transform.apply(frames[i], spec)
+    return prepared[i]
+  return np.stack([np.stack([frame(int(o) + stride * t) for t in range(count)])
+                   for o in offsets])
+
+
 def class_names(num_classes, labels_path=None):
   """Names of the classes, from `labels_path` or the shipped ImageNet lists."""
   if labels_path is None and num_classes in LABEL_FILES:
@@ -127,9 +168,15 @@ def class_names(num_classes, labels_path=None):
 
 
 def predict(model, params, images):
-  """Class probabilities (softmax) of a batch of preprocessed images."""
+  """Class probabilities (softmax) of a batch of preprocessed images; of
+  clips' views (each (views, frames, H, W, 3)), of their mean logits, as
+  the video evaluator scores a clip."""
+  images = np.stack(images)
   logits = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))(
-      params, np.stack(images))
+      params, images.reshape(-1, *images.shape[-4:]) if images.ndim == 6
+      else images)
+  if images.ndim == 6:
+    logits = logits.reshape(*images.shape[:2], -1).mean(1)
   return np.asarray(jax.nn.softmax(logits.astype(np.float32)))
 
 
@@ -167,6 +214,16 @@ def main(argv):
   else:
     spec = transform_for(checkpoint, recorded, size, model_name)
     prepare = lambda path: transform.prepare(path, spec)
+  if getattr(model, 'TAKES_CLIPS', False):
+    frames, stride, views = clip_views(recorded)
+    print(f'Clips: {views} view(s) of {frames} frames, '
+          f'{stride or "spread over the clip"} apart; their logits averaged.',
+          file=sys.stderr)
+    prepare = lambda path: read_clip(path, spec, recorded)
+  elif any(clips.is_clip(path) for path in paths):
+    clip = next(path for path in paths if clips.is_clip(path))
+    raise ValueError(f'{clip} is a clip, and {checkpoint} an image model: '
+                     'give images.')
   names = class_names(params['head']['kernel'].shape[-1], FLAGS.labels)
   images, good = [], []
   for path in paths:
@@ -200,6 +257,14 @@ if __name__ == '__main__':
   flags.DEFINE_integer('max_num_patches', None, 'NaFlex models: each image '
                        'resized, aspect kept, to at most this many patches '
                        "(SigLIP 2's processor), instead of --size.")
+  flags.DEFINE_integer('frames', None, 'Video models: frames per view '
+                       "(default: the record's num_frames).")
+  flags.DEFINE_integer('frame_stride', None, 'Video models: frames between '
+                       "a view's frames (default: the record's, else spread "
+                       'over the clip).')
+  flags.DEFINE_integer('views', None, 'Video models: windows per clip, '
+                       "spaced evenly (default: the record's test_views, "
+                       'else 1).')
   transform.define_flags()
   flags.mark_flags_as_required(['checkpoint'])
   cli.run(main)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests import conftest
 from tests import helpers
@@ -238,7 +239,17 @@ def predict_classes(workdir, config, tmp_path):
   spec = predict.transform_for(checkpoint, recorded, size,
                                recorded['model_name'])
   assert spec.size == config.pp.crop
-  probs = predict.predict(model, params, [predict.read_image(IMAGE, spec)])
+  if getattr(model, 'TAKES_CLIPS', False):  # a GIF of the image moving
+    image = Image.open(IMAGE).convert('RGB')
+    frames = [image.rotate(5 * i) for i in range(config.video.frames + 3)]
+    frames[0].save(tmp_path / 'clip.gif', save_all=True,
+                   append_images=frames[1:])
+    inputs = [predict.read_clip(tmp_path / 'clip.gif', spec, recorded)]
+    assert inputs[0].shape == (config.video.test_views, config.video.frames,
+                               spec.size, spec.size, 3)
+  else:
+    inputs = [predict.read_image(IMAGE, spec)]
+  probs = predict.predict(model, params, inputs)
   assert probs.shape == (1, params['head']['kernel'].shape[-1])
   np.testing.assert_allclose(probs.sum(), 1, rtol=1e-5)
 
@@ -326,7 +337,8 @@ REFUSED = {
     **{(k, 'analysis'): 'is not a ViT' for k in TOWERS},
     **{(k, c): why for k, why in NOT_IMAGE_MODELS.items()
        for c in ('from_pretrained', 'predict', 'features', 'analysis')
-       if (k, c) != ('vivit', 'from_pretrained')},  # clips
+       if (k, c) not in (('vivit', 'from_pretrained'),
+                         ('vivit', 'predict'))},  # clips
     **{(k, 'convert'): 'which has no timm or transformers layout'
        for k in NOT_IMAGE_MODELS},
     **{(k, 'caption'): 'is not a captioner export'

@@ -56,6 +56,36 @@ def timm_npz(tmp_path_factory):
   return path
 
 
+CLIP = 8  # frames of the test's clips, of 16 px: 2 views of 4 frames
+
+
+def _video_model():
+  """A random ViViT-testing of 5 classes at 16 px."""
+  model = models.get_model('ViViT-testing', num_classes=5)
+  return model, random_params(model, jnp.zeros((1, 4, 16, 16, 3)),
+                              train=False, scale=0.3)
+
+
+def _video_checkpoint(root):
+  """`_video_model` recorded as a video run's export: 4 frames a view,
+  stride 1, 2 views."""
+  model, params = _video_model()
+  path = root / 'vivit.npz'
+  files.save(params, path)
+  transform.save_transform(path, dict(
+      model_name='ViViT-testing', input_size=[3, 16, 16], crop_pct=1.0,
+      crop_mode='squash', interpolation='bilinear', mean=[0.5] * 3,
+      std=[0.5] * 3, num_frames=4, frame_stride=1, test_views=2))
+  return path, model, params
+
+
+def _clip_frames():
+  """CLIP frames of 16 px, of few colours (a GIF holds them exactly)."""
+  rng = np.random.default_rng(2)
+  palette = rng.integers(0, 256, (6, 3), np.uint8)
+  return palette[rng.integers(0, 6, (CLIP, 16, 16))]
+
+
 @pytest.fixture(scope='module')
 def cli(timm_npz, tmp_path_factory):
   """{test: (exit code, stdout, stderr, its folder)} of the command lines
@@ -66,6 +96,12 @@ def cli(timm_npz, tmp_path_factory):
   Image.fromarray(np.random.default_rng(1).integers(
       0, 256, (30, 30), np.uint8)).save(root / 'gray.png')
   bare = root / 'bare.npz'
+  vivit, _, _ = _video_checkpoint(root)
+  frames = [Image.fromarray(f) for f in _clip_frames()]
+  frames[0].save(root / 'clip.gif', save_all=True, append_images=frames[1:])
+  (root / 'frames').mkdir()
+  for i, frame in enumerate(frames):
+    frame.save(root / 'frames' / f'{i:02d}.png')
   predict = lambda *args: ('vit_jax.predict', ['--model_name=testing', *args])
   runs = {
       'record': predict(f'--checkpoint={timm_npz}', IMAGE, root / 'notes.txt',
@@ -77,6 +113,10 @@ def cli(timm_npz, tmp_path_factory):
                       '--interpolation=bicubic', IMAGE),
       'no record': predict(f'--checkpoint={path}', '--size=64',
                            root / 'gray.png'),
+      'clips': ('vit_jax.predict', [f'--checkpoint={vivit}', root / 'clip.gif',
+                                    root / 'frames', root / 'gray.png']),
+      'clip, image model': predict(f'--checkpoint={path}', '--size=64',
+                                   root / 'clip.gif'),
   }
   results = helpers.cli_runs(runs.values())
   return {name: (r['code'], r['stdout'], r['stderr'], root)
@@ -215,3 +255,27 @@ def test_bare_npz_without_a_record_asks_for_its_preset(tmp_path):
   with pytest.raises(ValueError, match=f'{path} has no record of its model '
                      r'\(no .*\): name its preset'):
     predict.load_classifier(None, str(path))
+
+
+def test_a_video_model_predicts_clips(cli):
+  """A GIF and a folder of its frames: the mean logits of the record's two
+  views (frames 0-3 and 4-7), as the video evaluator scores a clip; a
+  still image is refused in one line, and a clip to an image model."""
+  code, stdout, stderr, root = cli['clips']
+  assert code == 1, stderr  # the still image
+  model, params = _video_model()
+  clip = (_clip_frames().astype(np.float32) / 255 - 0.5) / 0.5
+  views = np.stack([clip[0:4], clip[4:8]])
+  logits = np.asarray(model.apply({'params': params}, views, train=False))
+  want = np.exp(logits.mean(0) - logits.mean(0).max())
+  want /= want.sum()
+  blocks = stdout.split(f'{root}')
+  assert len(blocks) == 3  # two clips printed
+  for block in blocks[1:]:
+    _assert_top5_is(block.split(':', 1)[1], want, atol=1e-4)
+  assert ('Clips: 2 view(s) of 4 frames, 1 apart; their logits averaged.'
+          in stderr)
+  assert 'gray.png is a still image, not a clip' in stderr
+  code, _, stderr, _ = cli['clip, image model']
+  assert code == 1 and stderr.count('Error:') == 1
+  assert 'clip.gif is a clip, and ' in stderr and 'an image model' in stderr

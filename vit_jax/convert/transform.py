@@ -38,7 +38,8 @@ from vit_jax.checkpoints import record
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model', 'model_name', 'posemb_resize',
-                  'vocab', 'max_num_patches', 'num_frames')
+                  'vocab', 'max_num_patches', 'num_frames', 'frame_stride',
+                  'test_views')
 # A record's keys that say nothing of the image transform.
 MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab')
 

@@ -143,6 +143,11 @@ def model_class(name: str, model_config=None):
   return family(name, model_config).model
 
 
+def takes_clips(name: str, model_config=None) -> bool:
+  """Whether the model takes clips (batch, T, H, W, C): a video model."""
+  return getattr(model_class(name, model_config), 'TAKES_CLIPS', False)
+
+
 def get_model(name: str, **kw) -> nn.Module:
   """The model of preset `name`; `kw` overrides its config. `dtype='auto'`
   is this process's devices' for training (`target.compute_dtype`)."""

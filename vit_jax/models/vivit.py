@@ -133,6 +133,8 @@ class ViViT(nn.Module):
   fc_norm_eps: Optional[float] = None
   dtype: Any = jnp.float32
   model_name: Optional[str] = None
+  # Its inputs are clips (batch, T, H, W, C), not images.
+  TAKES_CLIPS = True
 
   def __call__(self, inputs, *, train):
     """Logits (or pooled features, without a head) of (batch, T, H, W, C)
