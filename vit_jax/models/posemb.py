@@ -88,6 +88,18 @@ def posemb_sincos_2d(h, w, width, temperature=10_000., dtype=jnp.float32):
   return jnp.asarray(pe[None], dtype)
 
 
+def sinusoid_table(num_positions: int, dim: int) -> np.ndarray:
+  """The fixed 1-D sine-cosine table (num_positions, dim), float32, of
+  VideoMAE (Tong et al., 2022; `get_sinusoid_encoding_table`): position p,
+  channel j gets p / 10000 ** (2 * (j // 2) / dim), its sine at even j and
+  its cosine at odd j (interleaved, computed in float64)."""
+  angles = (np.arange(num_positions, dtype=np.float64)[:, None] /
+            10000.**(2 * (np.arange(dim) // 2) / dim))
+  angles[:, 0::2] = np.sin(angles[:, 0::2])
+  angles[:, 1::2] = np.cos(angles[:, 1::2])
+  return angles.astype(np.float32)
+
+
 def pad_prefix(pe, prefix):
   """Prepends zero embeddings for the `prefix` (class) tokens."""
   return jnp.pad(pe, ((0, 0), (prefix, 0), (0, 0)))

@@ -21,9 +21,10 @@ from vit_jax.models import intermediates
 from vit_jax.models.encoder import Encoder
 from vit_jax.models.layers import IdentityLayer
 from vit_jax.models.posemb import patch_size
+from vit_jax.models.posemb import sinusoid_table
 
 ENCODERS = ('unfactorised', 'factorised')
-TEMPORAL_POSEMBS = ('joint', 'separate')
+TEMPORAL_POSEMBS = ('joint', 'separate', 'sincos')
 CLASSIFIERS = ('token', 'gap')
 OUTPUT_FORMATS = ('NTHWC', 'NLC')
 
@@ -98,7 +99,9 @@ class ViViT(nn.Module):
     temporal_posemb: of the unfactorised encoder: 'joint', one learned
       table over the class token and all T'·h·w tokens (the paper's);
       'separate', an image ViT's spatial table plus a learned temporal one
-      over the T' slots (`SeparatePositionEmbs`). The factorised encoder's
+      over the T' slots (`SeparatePositionEmbs`); 'sincos', VideoMAE's
+      fixed table (`sinusoid_table`) over the T'·h·w tokens, no parameter
+      (the class token, if any, gets none). The factorised encoder's
       tables are separate by construction (one per encoder); None: 'joint'
       or that.
     representation_size: width of the tanh `pre_logits` layer, if any.
@@ -181,10 +184,11 @@ class ViViT(nn.Module):
       raise ValueError("encoder='factorised' needs temporal_transformer, "
                        f'and only it: got encoder={self.encoder!r} with '
                        f'temporal_transformer={self.temporal_transformer}.')
-    if factorised and self.temporal_posemb == 'joint':
+    if factorised and self.temporal_posemb in ('joint', 'sincos'):
       raise ValueError("The factorised encoder's position tables are "
                        'separate (one per encoder): temporal_posemb='
-                       "'joint' is for encoder='unfactorised'.")
+                       f"{self.temporal_posemb!r} is for encoder="
+                       "'unfactorised'.")
 
   @nn.compact
   def _forward(self, inputs, train, take=None):
@@ -224,6 +228,10 @@ class ViViT(nn.Module):
 
   def _unfactorised(self, x, slots, train, take):
     """Model 1: class token and every spatio-temporal token, one encoder."""
+    posemb = 'learn'
+    if self.temporal_posemb == 'sincos':
+      posemb = 'none'
+      x = x + sinusoid_table(*x.shape[1:]).astype(x.dtype)
     x = self._prepend_cls(x, 'cls')
     kw = {} if take is None else dict(zip(('take', 'depth', 'norm_taken'),
                                           take))
@@ -234,7 +242,7 @@ class ViViT(nn.Module):
                                       prefix=int(self.classifier == 'token'),
                                       **kw)
     else:
-      out = Encoder(name='Transformer', posemb='learn',
+      out = Encoder(name='Transformer', posemb=posemb,
                     **self._settings(self.transformer))(x, train=train, **kw)
     return out if take is not None else self._pool(out)
 
