@@ -215,7 +215,7 @@ def test_intermediates_of_the_factorised_encoder():
 @pytest.mark.parametrize('kw, match', [
     (dict(encoder='axial'), 'Unknown encoder'),
     (dict(classifier='map'), "a ViViT takes one of \\('token', 'gap'\\)"),
-    (dict(temporal_posemb='sincos'), 'Unknown temporal_posemb'),
+    (dict(temporal_posemb='rope3d'), 'Unknown temporal_posemb'),
     (dict(encoder='factorised'), 'needs temporal_transformer'),
 ])
 def test_refused_configs(kw, match):

@@ -139,6 +139,28 @@ def test_sinusoid_table_is_the_formula():
       assert table[p, j] == pytest.approx(want, abs=1e-6)
 
 
+def test_the_encoder_is_a_vivit_with_sincos_positions():
+  """All tubelets kept, the encoder's tokens pooled are the ViViT's
+  features with the same parameters; a factorised 'sincos' is refused."""
+  config = videomae.encoder_config(dict(
+      patches={'size': (4, 4)}, hidden_size=8, tubelet=2,
+      transformer=dict(num_layers=1, mlp_dim=8, num_heads=2)))
+  clips = jax.random.normal(jax.random.key(0), (2, 4, 8, 8, 3))
+  model = vivit.ViViT(num_classes=None, **config)
+  params = model.init(jax.random.key(1), clips, train=False)['params']
+  params = jax.tree.map(lambda x: x + 0.1, params)  # off init's zeros
+  keep = jnp.tile(jnp.arange(8)[None], (2, 1))
+  tokens = videomae.VisibleEncoder(config).apply({'params': params}, clips,
+                                                 keep, train=False)
+  np.testing.assert_allclose(tokens.mean(1), model.apply(
+      {'params': params}, clips, train=False), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="'sincos' is for encoder="):
+    vivit.ViViT(num_classes=None, **dict(
+        config, encoder='factorised', temporal_transformer=dict(
+            num_layers=1, mlp_dim=8, num_heads=2))).init(
+                jax.random.key(1), clips, train=False)
+
+
 def _numpy_targets(clips, t, p, norm_pix):
   """VideoMAE's 'b (t p0) (h p1) (w p2) c -> b (t h w) (p0 p1 p2) c', a
   tubelet at a time, normalized per channel over its pixels."""
