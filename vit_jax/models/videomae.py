@@ -105,15 +105,13 @@ class VisibleEncoder(nn.Module):
   @nn.compact
   def __call__(self, clips, keep, *, train):
     c = self.config
-    grid = vivit.video_grid(clips.shape, c['tubelet'], patch_size(
-        c['patches']))
+    vivit.video_grid(clips.shape, c['tubelet'], patch_size(c['patches']))
     dtype = jnp.dtype(c.get('dtype', 'float32'))
     tubelet = (c['tubelet'], *patch_size(c['patches']))
     x = nn.Conv(c['hidden_size'], kernel_size=tubelet, strides=tubelet,
                 padding='VALID', name='embedding', dtype=dtype)(clips)
     x = x.reshape(x.shape[0], -1, x.shape[-1])
     x = x + sinusoid_table(*x.shape[1:]).astype(x.dtype)
-    assert x.shape[1] == grid[0] * grid[1] * grid[2]
     x = jnp.take_along_axis(x, keep[..., None], axis=1)
     return Encoder(name='Transformer', posemb='none', dtype=dtype,
                    **c['transformer'])(x, train=train)
