@@ -105,6 +105,6 @@ def test_every_trainer_is_registered():
   assert launch.trainers() == (
       'train', 'classification', 'distill', 'lit', 'mae', 'dino', 'navit',
       'inference_time', 'segmentation', 'captioning', 'beit_tokenizer', 'beit',
-      'video', 'siglip2', 'evaluate', 'fewshot', 'zeroshot')
+      'video', 'videomae', 'siglip2', 'evaluate', 'fewshot', 'zeroshot')
   assert registry.planned() == ('train', 'classification', 'mae',
-                                'captioning', 'video')
+                                'captioning', 'video', 'videomae')

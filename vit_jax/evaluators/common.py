@@ -15,6 +15,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from vit_jax.data import pipeline
+from vit_jax.data import video as video_data
 from vit_jax.platform import sharding
 
 
@@ -58,17 +59,28 @@ def split_data(config, dataset, split, label=None):
   data.pp.train = data.pp.test = split or config.pp.test
   if label is not None:
     data.pp.label = label
-  return (pipeline.dataset_info(pipeline.get_builder(data),
-                                          data), data)
+  builder = pipeline.get_builder(data)
+  if is_clips(builder):
+    return video_data.dataset_info(builder, data), data
+  return pipeline.dataset_info(builder, data), data
+
+
+def is_clips(builder) -> bool:
+  """Whether the dataset of `builder` holds clips (a 'video' feature)."""
+  return 'video' in builder.info.features
 
 
 def batches(info, data, mesh, example=None):
   """Every example of the test split, as global batches on the mesh, with
   a `mask` of the real (not padding) examples; `example` as
-  `pipeline.eval_dataset`'s."""
-  host = pipeline.eval_batches(
-      info, data, batch_size=pipeline.host_batch_size(data.batch_eval),
-      example=example)
+  `pipeline.eval_dataset`'s. Of clips: `video_data.eval_batches`', their
+  `config.video.test_views` windows each."""
+  size = pipeline.host_batch_size(data.batch_eval)
+  if is_clips(info.builder):
+    host = video_data.eval_batches(info, data, batch_size=size)
+  else:
+    host = pipeline.eval_batches(info, data, batch_size=size,
+                                 example=example)
   return sharding.global_batches(host, mesh, data.batch_eval)
 
 
@@ -83,12 +95,18 @@ def pre_logits_fn(model):
 
 def features(apply_fn, params, info, data, mesh):
   """(`apply_fn(params, images)`, argmax labels) of every example of the
-  split, as numpy arrays on every process."""
+  split, as numpy arrays on every process; of a clip, the mean of its
+  views' `apply_fn(params, clips)`."""
   feats, labels = [], []
   for batch in batches(info, data, mesh):
+    if 'video' in batch:  # (B, views, frames, H, W, C)
+      clips = batch['video']
+      out = apply_fn(params, clips.reshape((-1,) + clips.shape[2:]))
+      out = out.reshape(clips.shape[:2] + out.shape[1:]).mean(1)
+    else:
+      out = apply_fn(params, batch['image'])
     out, mask, label = multihost_utils.process_allgather(
-        (apply_fn(params, batch['image']), batch['mask'], batch['label']),
-        tiled=True)
+        (out, batch['mask'], batch['label']), tiled=True)
     keep = np.asarray(mask) > 0
     feats.append(np.asarray(out, np.float32)[keep])
     labels.append(np.argmax(label, -1)[keep])

@@ -94,6 +94,34 @@ def encoder_config(model_config) -> dict:
   return models_vit.pretrained_encoder_config(model_config, 'MAE')
 
 
+def decode(module, latent, keep, pe, pixels, decoder, gelu_approximate,
+           train):
+  """MAE's decoder, called in `module`'s compact method (its scope): the
+  encoder's tokens `latent` (n, prefix + k, D) of the patches `keep` (n, k)
+  embedded to the decoder's width (`decoder_embed`), each put back in its
+  place among `mask_token`s, the fixed table `pe` (1, L, width) added, the
+  `decoder_block_{i}`s, `decoder_norm` and `decoder_pred` to `pixels` per
+  patch: (n, prefix + L, pixels)."""
+  n, num_patches = latent.shape[0], pe.shape[1]
+  width = decoder['hidden_size']
+  x = nn.Dense(width, name='decoder_embed')(latent)
+  prefix = x.shape[1] - keep.shape[1]
+  mask_token = module.param('mask_token', nn.initializers.normal(0.02),
+                            (1, 1, width))
+  # Unshuffle: each encoded patch back to its place, mask tokens elsewhere.
+  grid = jnp.tile(mask_token, (n, num_patches, 1)).astype(x.dtype)
+  grid = grid.at[jnp.arange(n)[:, None], keep].set(x[:, prefix:])
+  x = jnp.concatenate([x[:, :prefix], grid + pe.astype(x.dtype)], axis=1)
+  for i in range(decoder['num_layers']):
+    x = models_vit.Encoder1DBlock(
+        mlp_dim=decoder['mlp_dim'], num_heads=decoder['num_heads'],
+        dropout_rate=0., attention_dropout_rate=0.,
+        gelu_approximate=gelu_approximate,
+        name=f'decoder_block_{i}')(x, not train)
+  x = nn.LayerNorm(name='decoder_norm')(x)
+  return nn.Dense(pixels, name='decoder_pred')(x)
+
+
 class MaskedAutoencoder(nn.Module):
   """MAE: a ViT encoder on the kept patches, a Transformer decoder.
 
@@ -126,24 +154,9 @@ class MaskedAutoencoder(nn.Module):
         name='encoder')(images, train=train, keep=keep)
     n, _, _, c = images.shape
     h, w = images.shape[1] // self.patch[0], images.shape[2] // self.patch[1]
-    width = self.decoder['hidden_size']
-    x = nn.Dense(width, name='decoder_embed')(latent)
-    prefix = x.shape[1] - keep.shape[1]
-    mask_token = self.param('mask_token', nn.initializers.normal(0.02),
-                            (1, 1, width))
-    # Unshuffle: each encoded patch back to its place, mask tokens elsewhere.
-    grid = jnp.tile(mask_token, (n, h * w, 1)).astype(x.dtype)
-    grid = grid.at[jnp.arange(n)[:, None], keep].set(x[:, prefix:])
-    pe = models_vit.posemb_sincos_2d(h, w, width, dtype=x.dtype)
-    x = jnp.concatenate([x[:, :prefix], grid + pe], axis=1)
-    for i in range(self.decoder['num_layers']):
-      x = models_vit.Encoder1DBlock(
-          mlp_dim=self.decoder['mlp_dim'],
-          num_heads=self.decoder['num_heads'], dropout_rate=0.,
-          attention_dropout_rate=0.,
-          gelu_approximate=self.encoder['transformer'].get(
-              'gelu_approximate', True),
-          name=f'decoder_block_{i}')(x, not train)
-    x = nn.LayerNorm(name='decoder_norm')(x)
-    x = nn.Dense(self.patch[0] * self.patch[1] * c, name='decoder_pred')(x)
+    pe = models_vit.posemb_sincos_2d(h, w, self.decoder['hidden_size'])
+    x = decode(self, latent, keep, pe, self.patch[0] * self.patch[1] * c,
+               self.decoder, self.encoder['transformer'].get(
+                   'gelu_approximate', True), train)
+    prefix = latent.shape[1] - keep.shape[1]
     return x[:, prefix:]

@@ -14,4 +14,5 @@ from vit_jax.tasks import segmentation
 from vit_jax.tasks import captioning
 from vit_jax.tasks import beit
 from vit_jax.tasks import video
+from vit_jax.tasks import videomae
 from vit_jax.tasks import siglip2
