@@ -137,6 +137,10 @@ def load(checkpoint: str):
   loaded = models.from_pretrained(path, model_name=FLAGS.model_name,
                                   image_size=FLAGS.size)
   model_name = FLAGS.model_name or (recorded or {}).get('model_name', '')
+  if getattr(loaded.model, 'TAKES_CLIPS', False):
+    raise ValueError(f'{path} is a video model ({model_name}): it takes '
+                     'clips, not images; its features are forward_'
+                     "intermediates' of models.from_pretrained.")
   module, params = backbone.image_encoder(loaded.model, loaded.params)
   if FLAGS.max_num_patches:
     spec = transform.resolve(loaded.transform.size, recorded,

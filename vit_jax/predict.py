@@ -119,7 +119,7 @@ def naflex_summary(spec, patch: int, max_patches: int) -> str:
 
 def _flag(name):
   """A flag of the command line's (None where it is not defined)."""
-  return FLAGS.get_flag_value(name, None)
+  return getattr(FLAGS, name) if name in FLAGS else None
 
 
 def clip_views(recorded, frames_in_clip=None):

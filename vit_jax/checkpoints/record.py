@@ -116,11 +116,22 @@ def eval_transform(pp) -> Dict[str, Any]:
 
 def of_run(config, module) -> Dict[str, Any]:
   """The record of a run's export: its model (`module`, the exported one)
-  under the run's `model_name`, and its eval transform."""
+  under the run's `model_name`, its eval transform, and a video run's
+  views."""
   record = model_record(config.model_name, module)
   if config.get('pp') and config.pp.get('crop'):
     record.update(eval_transform(config.pp))
+  record.update(video_views(config.get('video')))
   return record
+
+
+def video_views(video) -> Dict[str, Any]:
+  """The record's keys of the clips a video run's test sees (`config.video`;
+  none without): frames per view, their stride, the views."""
+  if not video:
+    return {}
+  return {'num_frames': video['frames'], 'frame_stride': video['stride'],
+          'test_views': video['test_views']}
 
 
 def write(npz_path, record: Mapping[str, Any]) -> None:
@@ -143,6 +154,7 @@ def _of_config(run: Mapping[str, Any]) -> Dict[str, Any]:
   record = {'model_name': name, 'model': model}
   if (run.get('pp') or {}).get('crop'):
     record.update(eval_transform(run['pp']))
+  record.update(video_views(run.get('video')))
   return record
 
 

@@ -18,7 +18,6 @@ from vit_jax import losses
 from vit_jax.checkpoints import files
 from vit_jax.checkpoints import inflate
 from vit_jax.checkpoints import pretrained
-from vit_jax.checkpoints import record
 from vit_jax.data import mixing
 from vit_jax.data import pipeline
 from vit_jax.data import video as video_data
@@ -138,14 +137,6 @@ class Task(base.Task):
     return video_data.train_iterator(
         self.info, self.config, batch_size=batch_size, rows=rows,
         start_step=start_step)
-
-  def exported_records(self):
-    """The run's record, with the clips its test sees: frames per view,
-    their stride and the views (`vit_jax.predict` takes them)."""
-    video = self.config.video
-    return {'': dict(record.of_run(self.config, self.exported_model),
-                     num_frames=video.frames, frame_stride=video.stride,
-                     test_views=video.test_views)}
 
   def checkpoint(self, path):
     """(model, params) of a video checkpoint: this config's model."""
