@@ -22,3 +22,4 @@ from vit_jax.models.families import mixer
 from vit_jax.models.families import swin
 from vit_jax.models.families import lit
 from vit_jax.models.families import vivit
+from vit_jax.models.families import timesformer
