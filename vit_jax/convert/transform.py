@@ -38,7 +38,7 @@ from vit_jax.checkpoints import record
 
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model', 'model_name', 'posemb_resize',
-                  'vocab', 'max_num_patches')
+                  'vocab', 'max_num_patches', 'video')
 # A record's keys that say nothing of the image transform.
 MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab')
 

@@ -66,6 +66,9 @@ ARCHITECTURES = {
     'InternVLVisionModel': ('internvl', ''),
     'Aimv2VisionModel': ('aimv2', ''),
     'Aimv2Model': ('aimv2', 'vision_model.'),
+    # Video: renamed by `convert.timesformer` (timm has no TimeSformer).
+    'TimesformerForVideoClassification': ('timesformer', 'timesformer.'),
+    'TimesformerModel': ('timesformer', ''),
 }
 TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model', 'Aimv2Model')
 
