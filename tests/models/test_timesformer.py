@@ -14,6 +14,8 @@ from scipy import special
 
 from tests import helpers
 from vit_jax import models
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import inflate
 from vit_jax.convert import converter
 from vit_jax.models import timesformer
 
@@ -79,7 +81,8 @@ def test_block_equals_numpy(attention_type):
   """Random parameters (the zero temporal_dense too), 3 frames of 4
   patches, 2 heads of 8."""
   block = timesformer.TimeSformerBlock(mlp_dim=24, num_heads=2,
-                                       attention_type=attention_type)
+                                       attention_type=attention_type,
+                                       gelu_approximate=False)
   rng = np.random.default_rng(0)
   k = 3 if attention_type == 'space_only' else 1
   cls = rng.normal(size=(2, k, 16)).astype(np.float32)
@@ -150,3 +153,50 @@ def test_unknown_attention_type_is_refused():
     jax.eval_shape(lambda: model.init(jax.random.key(0),
                                       jnp.zeros((1, 2, 16, 16, 3)),
                                       train=False))
+
+
+@pytest.fixture(scope='module')
+def image_vit(tmp_path_factory):
+  """A random image ViT (16 wide, 1 block, 8 px patches, 24 px images)
+  saved as .npz, and its logits of one image."""
+  vit = models.VisionTransformer(
+      num_classes=3, patches={'size': (8, 8)}, hidden_size=16,
+      transformer=dict(num_layers=1, mlp_dim=32, num_heads=2,
+                       dropout_rate=0., attention_dropout_rate=0.))
+  image = np.random.default_rng(1).normal(size=(1, 24, 24, 3)).astype(
+      np.float32)
+  params = helpers.random_params(vit, image, train=False)
+  path = str(tmp_path_factory.mktemp('vit') / 'image.npz')
+  files.save(params, path)
+  return path, image, vit.apply({'params': params}, image, train=False)
+
+
+@pytest.mark.parametrize('attention_type',
+                         ['divided_space_time', 'space_only'])
+def test_from_image_a_still_clip_gives_the_images_logits(attention_type,
+                                                         image_vit):
+  """The image ViT inflated: on 4 equal frames each block computes the
+  image block's. (Not so joint attention's: there the class token is one
+  key among 4 copies of each patch's.)"""
+  path, image, want = image_vit
+  config = dict(patches={'size': (8, 8)}, hidden_size=16,
+                attention_type=attention_type,
+                transformer=dict(num_layers=1, mlp_dim=32, num_heads=2,
+                                 dropout_rate=0., attention_dropout_rate=0.))
+  model = timesformer.TimeSformer(num_classes=3, **config)
+  clip = np.repeat(image[:, None], 4, axis=1)
+  init = model.init(jax.random.key(0), clip, train=False)['params']
+  params = inflate.load_video_params(path, init_params=init,
+                                     model_config=config, new_head=False)
+  block = params['Transformer']['encoderblock_0']
+  if attention_type == 'divided_space_time':
+    assert not np.any(block['temporal_dense']['kernel'])
+    np.testing.assert_array_equal(
+        block['temporal_attention']['query']['kernel'],
+        block['MultiHeadDotProductAttention_0']['query']['kernel'])
+  got = model.apply({'params': params}, clip, train=False)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # Frames that differ: the temporal parts see time.
+  moving = clip * np.linspace(0.5, 1.5, 4)[None, :, None, None, None]
+  assert np.abs(model.apply({'params': params}, moving, train=False) -
+                want).max() > 1e-3

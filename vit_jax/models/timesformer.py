@@ -34,6 +34,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vit_jax.models.attention import attention
+from vit_jax.models.encoder import REMAT_POLICIES
 from vit_jax.models.layers import drop_path_rates
 from vit_jax.models.layers import DropPath
 from vit_jax.models.layers import IdentityLayer
@@ -62,10 +63,10 @@ class TimeSformerBlock(nn.Module):
   mlp_dim: int
   num_heads: int
   attention_type: str = 'divided_space_time'
-  dropout_rate: float = 0.
-  attention_dropout_rate: float = 0.
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
   drop_path_rate: float = 0.
-  gelu_approximate: bool = False
+  gelu_approximate: bool = True
   layer_norm_eps: float = 1e-6
   dtype: Any = jnp.float32
 
@@ -150,11 +151,13 @@ class TimeSformerEncoder(nn.Module):
   num_heads: int
   attention_type: str = 'divided_space_time'
   num_frames: Optional[int] = None
-  dropout_rate: float = 0.
-  attention_dropout_rate: float = 0.
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
   stochastic_depth: float = 0.
-  gelu_approximate: bool = False
+  gelu_approximate: bool = True
   layer_norm_eps: float = 1e-6
+  remat_policy: str = 'none'
+  scan: bool = False
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -172,9 +175,18 @@ class TimeSformerEncoder(nn.Module):
       x = dropout(x + nearest(time, t)[:, :, None].astype(x.dtype))
     if self.attention_type == 'space_only':  # a class token per frame
       cls = jnp.broadcast_to(cls, (b, t, d))
+    if self.scan or self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f'A TimeSformer runs its blocks unscanned, with '
+                       f'remat_policy one of {tuple(REMAT_POLICIES)}; got '
+                       f'scan={self.scan}, '
+                       f'remat_policy={self.remat_policy!r}.')
+    block = TimeSformerBlock
+    if self.remat_policy != 'none':
+      block = nn.remat(block, static_argnums=(3,),
+                       policy=REMAT_POLICIES[self.remat_policy])
     for i, rate in enumerate(drop_path_rates(self.stochastic_depth,
                                              self.num_layers)):
-      cls, x = TimeSformerBlock(
+      cls, x = block(
           mlp_dim=self.mlp_dim, num_heads=self.num_heads,
           attention_type=self.attention_type, dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,
@@ -195,7 +207,9 @@ class TimeSformer(nn.Module):
     patches: ConfigDict with `size`, the (height, width) of a patch.
     transformer: `TimeSformerEncoder` attributes (num_layers, mlp_dim,
       num_heads, dropout_rate, attention_dropout_rate, stochastic_depth,
-      gelu_approximate, layer_norm_eps).
+      gelu_approximate, layer_norm_eps, remat_policy), of the ViT
+      `Encoder`'s defaults and meaning (tanh GELU unless
+      gelu_approximate=False: the published weights' exact one).
     hidden_size: token width D.
     attention_type: one of ATTENTION_TYPES.
     num_frames: the temporal table's entries (the frames the weights were
