@@ -114,8 +114,10 @@ def test_from_image_trains_exports_and_evaluates(fmnist_dirs, small_clips,
 def test_timesformer_from_image_trains_and_writes_accuracy(
     fmnist_dirs, small_clips, tmp_path, capsys):
   """configs/vivit_fmnist.py:timesformer from an image ViT: its temporal
-  parts added (`inflate`), trained, tested with views, exported."""
+  parts added (`inflate`), trained, tested, exported (what
+  test_from_image_... checks of the loop holds for any video model)."""
   config = _small('timesformer', fmnist_dirs)
+  config.video.test_views = 1
   config.pretrained_path, image = _image_vit(config, tmp_path / 'image.npz')
   final = launch.train_and_evaluate(config, str(tmp_path / 'run'))
   assert 'temporal attention and norm: copies' in capsys.readouterr().err
