@@ -200,3 +200,29 @@ def test_from_image_a_still_clip_gives_the_images_logits(attention_type,
   moving = clip * np.linspace(0.5, 1.5, 4)[None, :, None, None, None]
   assert np.abs(model.apply({'params': params}, moving, train=False) -
                 want).max() > 1e-3
+
+
+def test_layout_transformers_writes_the_folder_back(converted, tmp_path):
+  """`--layout=transformers` of the converted golden: transformers'
+  tensors, config and video processor's file as they were."""
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
+  folder = str(tmp_path / 'back')
+  assert converter.convert(converted[1], folder,
+                           layout='transformers') == 'TimeSformer-testing'
+  source = os.path.join(GOLDEN, 'timesformer')
+  want = safetensors_numpy.load_file(os.path.join(source, 'model.safetensors'))
+  got = safetensors_numpy.load_file(os.path.join(folder, 'model.safetensors'))
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    np.testing.assert_allclose(got[key], value, rtol=1e-6, atol=1e-7,
+                               err_msg=key)
+  configs = [json.load(open(os.path.join(f, 'config.json')))
+             for f in (source, folder)]
+  keys = ('architectures', 'num_frames', 'hidden_act', 'attention_type',
+          'patch_size', 'num_attention_heads', 'layer_norm_eps')
+  assert [{k: c[k] for k in keys} for c in configs][0] == {
+      k: configs[1][k] for k in keys}
+  with open(os.path.join(folder, 'video_preprocessor_config.json')) as f:
+    processor = json.load(f)
+  assert processor['image_mean'] == [0.485, 0.456, 0.406]
+  assert processor['size'] == {'shortest_edge': 224}

@@ -2,8 +2,8 @@
 `TimesformerModel`) <-> vit_jax's `models.timesformer` names.
 
 timm has no TimeSformer, so the weights are renamed to the published .npz
-names directly (`to_npz`), and back (`from_npz`, for
-`--layout=transformers`). transformers' blocks hold each attention's query,
+names directly (`to_npz`), and back (`from_npz`, `config_json`,
+`processor_json`: `--layout=transformers`). transformers' blocks hold each attention's query,
 key and value in one `qkv` Linear; a `temporal_dense` after the temporal
 attention; `layernorm_before`/`layernorm_after` around the spatial
 attention and MLP (vit_jax's `LayerNorm_0`, `LayerNorm_1`). The model
@@ -46,20 +46,21 @@ PROCESSOR_FILES = ('preprocessor_config.json',
 _GELUS = {'gelu': False, 'gelu_new': True, 'gelu_pytorch_tanh': True}
 CUSTOM = 'TimeSformer-custom'
 
-# (transformers' module, vit_jax's) of the norms and dense layers; {i} a
-# block's index.
+# (transformers' module, vit_jax's published name: the pre-Linen numbering
+# of `checkpoints.files`) of the norms and dense layers; {i} a block's
+# index.
 _MODULES = [
     ('layernorm', 'Transformer/encoder_norm'),
     ('encoder.layer.{i}.layernorm_before',
      'Transformer/encoderblock_{i}/LayerNorm_0'),
     ('encoder.layer.{i}.layernorm_after',
-     'Transformer/encoderblock_{i}/LayerNorm_1'),
+     'Transformer/encoderblock_{i}/LayerNorm_2'),
     ('encoder.layer.{i}.temporal_layernorm',
      'Transformer/encoderblock_{i}/temporal_norm'),
     ('encoder.layer.{i}.intermediate.dense',
-     'Transformer/encoderblock_{i}/MlpBlock_0/Dense_0'),
+     'Transformer/encoderblock_{i}/MlpBlock_3/Dense_0'),
     ('encoder.layer.{i}.output.dense',
-     'Transformer/encoderblock_{i}/MlpBlock_0/Dense_1'),
+     'Transformer/encoderblock_{i}/MlpBlock_3/Dense_1'),
     ('encoder.layer.{i}.temporal_dense',
      'Transformer/encoderblock_{i}/temporal_dense'),
     ('classifier', 'head'),
@@ -67,7 +68,7 @@ _MODULES = [
 # transformers' attention modules and vit_jax's.
 _ATTENTIONS = [
     ('encoder.layer.{i}.attention',
-     'Transformer/encoderblock_{i}/MultiHeadDotProductAttention_0'),
+     'Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1'),
     ('encoder.layer.{i}.temporal_attention',
      'Transformer/encoderblock_{i}/temporal_attention'),
 ]
@@ -228,6 +229,49 @@ def eval_transform(folder: str, config: Dict[str, Any]) -> Dict[str, Any]:
   out = transformers_config.eval_transform(processor)
   out['video'] = dict(frames=config['num_frames'])
   return out
+
+
+def config_json(model: Dict[str, Any], flat: Flat,
+                side: int) -> Dict[str, Any]:
+  """transformers' config.json of vit_jax's TimeSformer `model` (a model
+  config dict) with the published names `flat`, at `side` px; refuses what
+  transformers computes otherwise."""
+  if model.get('representation_size') or 'pre_logits/kernel' in flat:
+    raise ValueError("transformers' TimeSformer has no pre_logits layer.")
+  if model.get('attention_type') == 'space_only':
+    raise ValueError("transformers' TimeSformer with attention_type="
+                     "'space_only' returns a row per frame, which vit_jax "
+                     'averages: not written.')
+  block = model['transformer']
+  head = flat.get('head/kernel')
+  frames = flat['Transformer/posembed_input/pos_embedding_time'].shape[1]
+  out = dict(
+      architectures=['TimesformerForVideoClassification' if head is not None
+                     else 'TimesformerModel'],
+      model_type='timesformer', image_size=side,
+      patch_size=int(model['patches']['size'][0]), num_channels=3,
+      num_frames=frames, hidden_size=model['hidden_size'],
+      num_hidden_layers=block['num_layers'],
+      num_attention_heads=block['num_heads'],
+      intermediate_size=block['mlp_dim'],
+      hidden_act=('gelu_pytorch_tanh' if block.get('gelu_approximate', True)
+                  else 'gelu'),
+      layer_norm_eps=block.get('layer_norm_eps', 1e-6), qkv_bias=True,
+      attention_type=model.get('attention_type', 'divided_space_time'),
+      hidden_dropout_prob=0., attention_probs_dropout_prob=0.,
+      drop_path_rate=0.)
+  if head is not None:
+    out['id2label'] = {str(i): f'LABEL_{i}' for i in range(head.shape[-1])}
+  return out
+
+
+def processor_json(preprocessor: Dict[str, Any]) -> Dict[str, Any]:
+  """A video processor's file of an image processor's
+  (`transformers_config.preprocessor_json`)."""
+  out = {k: v for k, v in preprocessor.items()
+         if k != 'image_processor_type'}
+  return dict(out, video_processor_type='TimesformerVideoProcessor',
+              do_sample_frames=False)
 
 
 def from_npz(flat: Flat, config: Dict[str, Any]) -> Flat:
