@@ -18,6 +18,7 @@ from tests.conftest import interrupt_at
 from vit_jax import checkpoint  # the original's module name
 from vit_jax import launch
 from vit_jax import models
+from vit_jax import run_config
 from vit_jax.checkpoints import files
 from vit_jax.configs import vivit_fmnist
 from vit_jax.data import local_datasets
@@ -129,6 +130,25 @@ def test_timesformer_from_image_trains_and_writes_accuracy(
   np.testing.assert_array_equal(final['embedding']['kernel'].shape,
                                 image['embedding']['kernel'].shape)
   assert (tmp_path / 'run' / 'TimeSformer-fmnist.npz').exists()
+
+
+@pytest.mark.parametrize('arm', ['from_image', 'timesformer'])
+def test_an_image_export_keeps_the_video_model(arm, tmp_path):
+  """The default job's export records its custom ViT: the video arm keeps
+  its own model (the task fits the weights to it), the record's
+  normalization still applies."""
+  path = tmp_path / 'ViT-fmnist.npz'
+  path.write_bytes(b'')
+  (tmp_path / 'ViT-fmnist.transform.json').write_text(json.dumps(dict(
+      model_name='ViT-fmnist', model_class='VisionTransformer',
+      model={'hidden_size': 128, 'patches': {'size': [7, 7]}},
+      mean=[0.2] * 3, std=[0.3] * 3)))
+  config = vivit_fmnist.get_config(arm).unlock()
+  config.pretrained_path = str(path)
+  out = run_config.resolve(config, {'pretrained_path': str(path)})
+  assert out.model_name == config.model_name
+  assert out.model.to_dict() == config.model.to_dict()
+  assert tuple(out.pp.mean) == (0.2,) * 3
 
 
 def test_one_device_equals_eight(fmnist_dirs, small_clips, tmp_path,
