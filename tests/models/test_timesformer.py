@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors import numpy as safetensors_numpy
 from scipy import special
 
 from tests import helpers
@@ -205,7 +206,6 @@ def test_from_image_a_still_clip_gives_the_images_logits(attention_type,
 def test_layout_transformers_writes_the_folder_back(converted, tmp_path):
   """`--layout=transformers` of the converted golden: transformers'
   tensors, config and video processor's file as they were."""
-  from safetensors import numpy as safetensors_numpy  # pylint: disable=g-import-not-at-top
   folder = str(tmp_path / 'back')
   assert converter.convert(converted[1], folder,
                            layout='transformers') == 'TimeSformer-testing'

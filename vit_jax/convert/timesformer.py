@@ -3,13 +3,14 @@
 
 timm has no TimeSformer, so the weights are renamed to the published .npz
 names directly (`to_npz`), and back (`from_npz`, `config_json`,
-`processor_json`: `--layout=transformers`). transformers' blocks hold each attention's query,
-key and value in one `qkv` Linear; a `temporal_dense` after the temporal
-attention; `layernorm_before`/`layernorm_after` around the spatial
-attention and MLP (vit_jax's `LayerNorm_0`, `LayerNorm_1`). The model
-config comes from config.json (`model_config`), the eval transform from
-the video processor's file (`eval_transform`): the frames are the
-config's `num_frames`.
+`processor_json`: `--layout=transformers`). transformers' blocks hold
+each attention's query, key and value in one `qkv` Linear; a
+`temporal_dense` after the temporal attention; `layernorm_before` and
+`layernorm_after` around the spatial attention and the MLP (vit_jax's
+`LayerNorm_0`, `LayerNorm_1`; published `LayerNorm_2`). The model config
+comes from config.json (`model_config`), the eval transform from the
+video processor's file (`eval_transform`): the frames are the config's
+`num_frames`.
 """
 
 import json
