@@ -8,6 +8,8 @@ clip), offline.
       --workdir=/tmp/vivit_image
   python -m vit_jax.main --config=configs/vivit_fmnist.py:factorised \
       --workdir=/tmp/vivit_fe
+  python -m vit_jax.main --config=configs/vivit_fmnist.py:timesformer \
+      --workdir=/tmp/timesformer
   python -m vit_jax.plan --config=configs/vivit_fmnist.py:factorised \
       --topology=v5e:2x2
 
@@ -22,6 +24,12 @@ Arms:
   factorised: the factorised encoder (a spatial ViT per tubelet slot, then
     a temporal transformer over their class tokens), its spatial ViT the
     default job's whole.
+  timesformer: TimeSformer (Bertasius et al., 2021) with divided
+    space-time attention, from the default job's image ViT as the paper's
+    code starts from one: the patch kernel, blocks and class token as they
+    are, each block's temporal attention a copy of its spatial one behind
+    a zero `temporal_dense`, the temporal table zero (a still clip gives
+    the image model's features). Per-frame patches: no tubelet.
 
 The model has the default job's widths (7 px patches, 128 wide, 4 blocks)
 and 2-frame tubelets. docs/video.md compares the arms over 3 seeds.
@@ -33,7 +41,7 @@ from vit_jax.configs import common
 from vit_jax.configs import default
 
 DEFAULT_ENCODER = '/tmp/vit_default/ViT-fmnist.npz'
-ARMS = ('scratch', 'from_image', 'factorised')
+ARMS = ('scratch', 'from_image', 'factorised', 'timesformer')
 
 
 def get_config(arm: str = 'from_image') -> ml_collections.ConfigDict:
@@ -59,7 +67,12 @@ def get_config(arm: str = 'from_image') -> ml_collections.ConfigDict:
     model.update(encoder='factorised', temporal_posemb='separate',
                  temporal_transformer=dict(image['transformer'],
                                            num_layers=2))
-  config = common.with_model(config, 'ViViT-fmnist', model)
+  name = 'ViViT-fmnist'
+  if arm == 'timesformer':
+    del model['tubelet'], model['encoder'], model['temporal_posemb']
+    model['attention_type'] = 'divided_space_time'
+    name = 'TimeSformer-fmnist'
+  config = common.with_model(config, name, model)
   config.pretrained_path = '' if arm == 'scratch' else DEFAULT_ENCODER
   config.evals = ml_collections.ConfigDict()
   config.evals.test = dict(type='video_classification', every=500)

@@ -3,6 +3,7 @@ image ViT with each tubelet-kernel initialization, over seeds; prints the
 table of docs/video.md.
 
   python scripts/vivit_fmnist.py --out=/tmp/vivit_fmnist --seeds=3
+  python scripts/vivit_fmnist.py --seeds=3 --arms=timesformer   # one arm
 
 The image checkpoint is one: the default job's export
 (`--image=/tmp/vit_default/ViT-fmnist.npz`, trained first if missing),
@@ -23,7 +24,9 @@ ARMS = (('scratch', 'scratch', 'scratch', []),
          ['--config.video.kernel_init=central_frame']),
         ('from image, average (inflation)', 'average', 'from_image',
          ['--config.video.kernel_init=average']),
-        ('factorised encoder, from image', 'factorised', 'factorised', []))
+        ('factorised encoder, from image', 'factorised', 'factorised', []),
+        ('TimeSformer (divided), from image', 'timesformer', 'timesformer',
+         []))
 
 
 def main():
@@ -32,12 +35,15 @@ def main():
   parser.add_argument('--image', default='/tmp/vit_default/ViT-fmnist.npz')
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--steps', type=int, default=600)
+  parser.add_argument('--arms', default='',
+                      help='comma-separated folders of ARMS (default all)')
   args = parser.parse_args()
+  chosen = [a for a in ARMS if not args.arms or a[1] in args.arms.split(',')]
   if not os.path.exists(args.image):
     runs.main_run('default.py', os.path.dirname(args.image))
-  table = {label: [] for label, *_ in ARMS}
+  table = {label: [] for label, *_ in chosen}
   for seed in range(args.seeds):
-    for label, folder, arm, flags in ARMS:
+    for label, folder, arm, flags in chosen:
       image = [] if arm == 'scratch' else [
           f'--config.pretrained_path={args.image}']
       result = runs.main_run(

@@ -28,7 +28,6 @@ from vit_jax.convert import converter
 from vit_jax.convert import transform as transforms
 from vit_jax.models import lit
 from vit_jax.models import registry
-from vit_jax.models import vivit
 
 
 class Pretrained(NamedTuple):
@@ -74,7 +73,7 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   normalization = checkpoint_record.normalization(record, name)
   if registry.model_class(name, config) is lit.LitModel:
     model, params, size = _two_towers(config, path)
-  elif registry.model_class(name, config) is vivit.ViViT:  # clips
+  elif registry.takes_clips(name, config):  # clips
     model, params, size, _ = loading.load_video_model(
         config, path, size, record.get('num_frames'))
   else:

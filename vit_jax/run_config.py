@@ -140,6 +140,17 @@ def _parse_held(config, held, config_flag: str = 'config'):
       values[config_flag])
 
 
+def _other_class(config, recorded) -> bool:
+  """Whether the record is of a model class other than the config's own
+  (a ViViT or TimeSformer started from an image ViT's export): then the
+  config's model stands, and the task fits the weights to it."""
+  built = (recorded or {}).get('model_class')
+  if not built or config.get('model') is None:
+    return False
+  return registry.model_class(config.model_name, config.model).__name__ != (
+      built)
+
+
 def resolve(config, given: Optional[Mapping[str, Any]] = None,
             held: Sequence[str] = ()):
   """`config` with its model and normalization settled, as a new config.
@@ -158,6 +169,8 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
     _convert_pretrained(out)
     recorded = checkpoint_record(out) or {}
     recorded_name = recorded.get('model_name')
+    if _other_class(out, recorded):  # e.g. a video model from an image's
+      recorded_name = None
     if ('model_name' not in given and recorded_name and
         recorded_name != name and recorded_name in registry.MODEL_CONFIGS):
       _note(f'{out.pretrained_path} is {recorded_name}, as its record says: '
@@ -181,8 +194,9 @@ def resolve(config, given: Optional[Mapping[str, Any]] = None,
     recorded = checkpoint_record(out)
     _recorded_vocabulary(out, recorded)
     if recorded and out.model is not None:
-      with out.model.unlocked():  # a record may set what a custom model lacks
-        out.model.update(recorded.get('model') or {})
+      if not _other_class(out, recorded):
+        with out.model.unlocked():  # what a custom model lacks
+          out.model.update(recorded.get('model') or {})
       if transform.recorded_normalization(recorded):
         registry.set_normalization(
             out, transform.recorded_normalization(recorded))

@@ -239,6 +239,20 @@ def _videomae_sizes():
 
 MODEL_SIZES.update(_videomae_sizes())
 
+
+def _timesformer_sizes():
+  """TimeSformer's: transformers 5.23's TimesformerForVideoClassification
+  of each preset's config, 400 classes (scripts/make_timesformer_golden.py),
+  with the 1000-class head instead."""
+  with open(f'{ROOT}/tests/data/timesformer_param_counts.json') as f:
+    record = json.load(f)
+  extra = 1000 - record['num_labels']
+  return {name: n + extra * (models.MODEL_CONFIGS[name].hidden_size + 1)
+          for name, n in record['counts'].items()}
+
+
+MODEL_SIZES.update(_timesformer_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 
@@ -264,6 +278,9 @@ def test_param_count(name):
   if registry.family(name).name in ('ViViT', 'VideoMAE'):
     shape = (1, 32 if registry.family(name).name == 'ViViT' else 16,
              *shape[1:])
+  if registry.family(name).name == 'TimeSformer':  # its frames and side
+    side = registry.native_resolution(name)
+    shape = (1, models.MODEL_CONFIGS[name].num_frames, side, side, 3)
   assert models.count_params(model, shape) == MODEL_SIZES[name]
 
 

@@ -18,11 +18,13 @@ from tests.conftest import interrupt_at
 from vit_jax import checkpoint  # the original's module name
 from vit_jax import launch
 from vit_jax import models
+from vit_jax import run_config
 from vit_jax.checkpoints import files
 from vit_jax.configs import vivit_fmnist
 from vit_jax.data import local_datasets
 from vit_jax.data import video as video_data
 from vit_jax.models import mixer
+from vit_jax.models import timesformer
 from vit_jax.models import vit as models_vit
 from vit_jax.models import vivit
 from vit_jax.tasks import video
@@ -70,14 +72,18 @@ def _image_vit(config, path):
 
 
 @pytest.mark.parametrize('arm', vivit_fmnist.ARMS)
-def test_arms_are_vivits_of_the_default_jobs_widths(arm):
+def test_arms_are_video_models_of_the_default_jobs_widths(arm):
   config = vivit_fmnist.get_config(arm)
   model = models.model_class(config.model_name, config.model)
-  assert model is vivit.ViViT
   assert config.model.hidden_size == 128
   assert config.model.patches.size == (7, 7)
-  assert config.model.encoder == ('factorised' if arm == 'factorised' else
-                                  'unfactorised')
+  if arm == 'timesformer':
+    assert model is timesformer.TimeSformer
+    assert config.model.attention_type == 'divided_space_time'
+  else:
+    assert model is vivit.ViViT
+    assert config.model.encoder == ('factorised' if arm == 'factorised' else
+                                    'unfactorised')
   assert bool(config.pretrained_path) == (arm != 'scratch')
   video.check_settings(config)
 
@@ -104,6 +110,45 @@ def test_from_image_trains_exports_and_evaluates(fmnist_dirs, small_clips,
   again = json.loads((tmp_path / 'eval' / 'results.json').read_text())
   assert again['accuracy'] == pytest.approx(results['accuracy'])
   assert again['loss'] == pytest.approx(results['loss'], rel=1e-5)
+
+
+def test_timesformer_from_image_trains_and_writes_accuracy(
+    fmnist_dirs, small_clips, tmp_path, capsys):
+  """configs/vivit_fmnist.py:timesformer from an image ViT: its temporal
+  parts added (`inflate`), trained, tested, exported (what
+  test_from_image_... checks of the loop holds for any video model)."""
+  config = _small('timesformer', fmnist_dirs)
+  config.video.test_views = 1
+  config.pretrained_path, image = _image_vit(config, tmp_path / 'image.npz')
+  final = launch.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert 'temporal attention and norm: copies' in capsys.readouterr().err
+  results = json.loads((tmp_path / 'run' / 'results.json').read_text())
+  assert results['count'] == 6 and 0 <= results['accuracy'] <= 1
+  block = final['Transformer']['encoderblock_0']
+  assert block['temporal_dense']['kernel'].shape == (16, 16)
+  assert np.any(block['temporal_dense']['kernel'])  # trained off zero
+  np.testing.assert_array_equal(final['embedding']['kernel'].shape,
+                                image['embedding']['kernel'].shape)
+  assert (tmp_path / 'run' / 'TimeSformer-fmnist.npz').exists()
+
+
+@pytest.mark.parametrize('arm', ['from_image', 'timesformer'])
+def test_an_image_export_keeps_the_video_model(arm, tmp_path):
+  """The default job's export records its custom ViT: the video arm keeps
+  its own model (the task fits the weights to it), the record's
+  normalization still applies."""
+  path = tmp_path / 'ViT-fmnist.npz'
+  path.write_bytes(b'')
+  (tmp_path / 'ViT-fmnist.transform.json').write_text(json.dumps(dict(
+      model_name='ViT-fmnist', model_class='VisionTransformer',
+      model={'hidden_size': 128, 'patches': {'size': [7, 7]}},
+      mean=[0.2] * 3, std=[0.3] * 3)))
+  config = vivit_fmnist.get_config(arm).unlock()
+  config.pretrained_path = str(path)
+  out = run_config.resolve(config, {'pretrained_path': str(path)})
+  assert out.model_name == config.model_name
+  assert out.model.to_dict() == config.model.to_dict()
+  assert tuple(out.pp.mean) == (0.2,) * 3
 
 
 def test_one_device_equals_eight(fmnist_dirs, small_clips, tmp_path,

@@ -104,6 +104,10 @@ def load_video_params(path,
     _note(path, 'took the LiT image tower (img)')
     params = params['img']
   _check_vit(params, path)
+  if 'attention_type' in model_config:  # a TimeSformer
+    method = resize_method or loading.default_resize_method(model_config)
+    return _timesformer(params, init_params, model_config, path, new_grid,
+                        method, new_head)
   if np.ndim(params['embedding']['kernel']) == 5:
     _check_same_encoder(params, init_params, path)
     _note(path, 'a video model: loaded as it is')
@@ -139,6 +143,46 @@ def _from_image(params, init_params, model_config, path, kernel_init,
     if name in init_params:
       out[name] = _initial(init_params, name)
       _note(path, f"{name}: the model's initial one (an image has none)")
+  _head(params, init_params, out, new_head, path)
+  return files.inspect_params(params=out, expected=init_params,
+                              source=f'Checkpoint {path}')
+
+
+def _timesformer(params, init_params, model_config, path, new_grid, method,
+                 new_head):
+  """A TimeSformer's parameters from a TimeSformer checkpoint (as it is)
+  or an image ViT's, as the paper's code starts from one
+  (TimeSformer's vit_utils.load_pretrained): the embedding, class token,
+  blocks and final norm as they are, the table resized to the frame's
+  grid; each block's temporal norm and attention copies of its spatial
+  ones, `temporal_dense` zero (so each block computes the image block's
+  on a still clip) and the temporal table the model's initial (zero)."""
+  block = params['Transformer'].get('encoderblock_0', {})
+  if 'temporal_attention' in block or 'pos_embedding_time' in params[
+      'Transformer'].get('posembed_input', {}):
+    _note(path, 'a TimeSformer: loaded as it is')
+    return loading.load_params(path, init_params=init_params,
+                               model_config=model_config, new_head=new_head,
+                               new_grid=new_grid, found=params)
+  _check_encoder(params, init_params, 'Transformer', path)
+  _check_extra(params, path)
+  grid = _video_grid(init_params['Transformer']['posembed_input'], False, 1,
+                     1, new_grid, None)
+  out = {'embedding': jax.tree.map(np.asarray, params['embedding'])}
+  out['Transformer'] = _encoder(params, init_params, 'Transformer', path, 1,
+                                grid, method)
+  for name, block in out['Transformer'].items():
+    want = init_params['Transformer'][name]
+    if 'temporal_attention' not in want:
+      continue
+    block['temporal_norm'] = block['LayerNorm_0']
+    block['temporal_attention'] = block['MultiHeadDotProductAttention_0']
+    block['temporal_dense'] = jax.tree.map(
+        lambda x: np.zeros(files.shape_of(x), np.float32),
+        want['temporal_dense'])
+  _note(path, 'temporal attention and norm: copies of the spatial ones; '
+        'temporal_dense zero')
+  _class_token(params, init_params, out, 'cls', path)
   _head(params, init_params, out, new_head, path)
   return files.inspect_params(params=out, expected=init_params,
                               source=f'Checkpoint {path}')

@@ -21,6 +21,7 @@ from vit_jax.models import lit
 from vit_jax.models import posemb
 from vit_jax.models import posemb_resize
 from vit_jax.models import registry
+from vit_jax.models import timesformer
 from vit_jax.models import vit as models_vit
 from vit_jax.models import vivit
 from vit_jax.platform import target
@@ -97,18 +98,25 @@ def load_model(model_config, path, size=None, *, model=None,
   model = cls(**{k: v for k, v in config.items()
                  if k in cls.__dataclass_fields__ and k != 'parent'})
   height, width = _sides(size, config)
+  shape = (1, height, width, 3)
+  if issubclass(cls, timesformer.TimeSformer):  # clips of its frames
+    shape = (1, _frames(found, config), *shape[1:])
   expected = jax.eval_shape(lambda: model.init(
-      jax.random.key(0), np.zeros((1, height, width, 3), np.float32),
-      train=False))['params']
+      jax.random.key(0), np.zeros(shape, np.float32), train=False))['params']
   return model, load_params(path, init_params=expected, model_config=config,
                             found=found), size
 
 
 def load_video_model(model_config, path, size, frames=None):
   """(model, params, frame side, frames) of a video checkpoint (a ViViT's
-  `model_config`) at `path`, taking clips of `frames` frames of `size` px;
+  or a TimeSformer's `model_config`) at `path`, taking clips of `frames` frames of `size` px;
   `frames` defaults to what a joint position table holds at that size. Its
   tables are the file's: other sizes are `inflate`'s (trainer='video')."""
+  cls = registry.model_class(model_config.get('model_name') or '',
+                             model_config)
+  if issubclass(cls, timesformer.TimeSformer):  # its config has its frames
+    model, params, size = load_model(model_config, path, size)
+    return model, params, size, model.num_frames
   if size is None:
     raise ValueError(f'{path} is a video model and records no frame size: '
                      'give image_size.')
@@ -140,6 +148,16 @@ def _video_frames(params, config, size, path) -> int:
                                            == 'token')
   per_slot = (size // patch[0]) * (size // patch[1])
   return tokens // per_slot * config.get('tubelet', 2)
+
+
+def _frames(params, model_config) -> int:
+  """A TimeSformer's frames: its config's, else its temporal table's."""
+  tables = params['Transformer']['posembed_input']
+  if model_config.get('num_frames'):
+    return model_config['num_frames']
+  if 'pos_embedding_time' in tables:
+    return files.shape_of(tables['pos_embedding_time'])[1]
+  return 1  # space_only: any number
 
 
 def _sides(size, model_config):
@@ -200,7 +218,9 @@ def _check_posemb(posemb, init_params):
   if posemb not in models_vit.POSEMBS:
     raise ValueError(f'Unknown model_config.posemb {posemb!r}; expected one '
                      f'of {models_vit.POSEMBS}.')
-  tables = set(_posembed_input(init_params))
+  # A TimeSformer's temporal table beside (loaded as it is: the model
+  # interpolates it to a clip's frames).
+  tables = set(_posembed_input(init_params)) - {'pos_embedding_time'}
   if tables and tables != set(_POSEMB_TABLES.get(posemb, ())):
     raise ValueError(f'model_config.posemb={posemb!r}, but the model has the '
                      f'position tables {sorted(tables)}: pass the config of '

@@ -34,6 +34,7 @@ from vit_jax.convert.preset_inference import infer_preset
 from vit_jax.convert.preset_inference import posemb_prefix
 from vit_jax.convert.preset_inference import token_classifier
 from vit_jax.convert import swin as convert_swin
+from vit_jax.convert import timesformer as convert_timesformer
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_defaults
@@ -294,6 +295,8 @@ def _from_transformers(state: Flat, config, weights: str,
   the same, the eval transform from preprocessor_config.json; a two-tower
   model in full unless `model_name` names an image preset."""
   arch = transformers_layout.architecture(config)
+  if convert_timesformer.is_timesformer(config):  # a video model: no timm's
+    return _from_timesformer(state, config, weights, model_name)
   timm_state, extra, dropped = transformers_layout.to_timm(state, config)
   towers = arch in transformers_layout.TWO_TOWERS and (
       model_name is None or registry.model_class(model_name) is lit.LitModel)
@@ -315,6 +318,18 @@ def _from_transformers(state: Flat, config, weights: str,
     print(f"Note: {weights} is transformers' {arch}: converting the "
           f'{tower}, without {what} ({len(dropped)} names).', file=sys.stderr)
   return image
+
+
+def _from_timesformer(state: Flat, config, weights: str,
+                      model_name: Optional[str]) -> Source:
+  """transformers' TimeSformer, by vit_jax's names directly."""
+  config = convert_timesformer.complete(config)
+  model = convert_timesformer.model_config(config)
+  flat = convert_timesformer.to_npz(state, config)
+  name, overrides = convert_timesformer.preset(model, registry.MODEL_CONFIGS,
+                                               model_name)
+  return Source(flat, name, overrides, convert_timesformer.eval_transform(
+      os.path.dirname(weights), config))
 
 
 def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,

@@ -13,6 +13,7 @@ from vit_jax.checkpoints import files
 from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import swin as convert_swin
+from vit_jax.convert import timesformer as convert_timesformer
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
 from vit_jax.convert import transformers_layout
@@ -101,16 +102,17 @@ def _eval_transform(name: str, record: Dict[str, Any],
   return transform.resolve(side, record, normalization)
 
 
-def _write_folder(dst: str, config, weights: Flat, processor) -> None:
+def _write_folder(dst: str, config, weights: Flat, processor,
+                  processor_file='preprocessor_config.json') -> None:
   """A transformers folder: config.json, model.safetensors (float32, torch's
-  layout) and preprocessor_config.json."""
+  layout) and the processor's file."""
   save_file = optional_import('safetensors.numpy', dst).save_file
   os.makedirs(dst, exist_ok=True)
   save_file({k: np.ascontiguousarray(v, np.float32)
              for k, v in weights.items()},
             os.path.join(dst, 'model.safetensors'), metadata={'format': 'pt'})
   for name, content in (('config.json', config),
-                        ('preprocessor_config.json', processor)):
+                        (processor_file, processor)):
     with open(os.path.join(dst, name), 'w') as f:
       f.write(json.dumps(content, indent=2, sort_keys=True) + '\n')
 
@@ -126,6 +128,14 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   record = transform.load_transform(src) or {}
   name = model_name or record.get('model_name') or _npz_preset(flat)
   model, normalization = transform.preset_settings(name, record)
+  if 'attention_type' in model:  # a TimeSformer: renamed on its own
+    spec = _eval_transform(name, record, normalization)
+    config = convert_timesformer.config_json(model, flat, spec.size)
+    _write_folder(dst, config, convert_timesformer.from_npz(flat, config),
+                  convert_timesformer.processor_json(
+                      transformers_config.preprocessor_json(spec)),
+                  'video_preprocessor_config.json')
+    return name
   if 'image' in model:  # a two-tower model: its image tower (`_npz_flat`)
     model = dict(model['image'])
     name = model.get('model_name') or name

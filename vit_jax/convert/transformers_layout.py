@@ -76,6 +76,9 @@ ARCHITECTURES = {
     'VideoMAEForVideoClassification': ('videomae', 'videomae.'),
     'VideoMAEModel': ('videomae', ''),
     'VideoMAEForPreTraining': ('videomae', 'videomae.'),
+    # Video: renamed by `convert.timesformer` (timm has no TimeSformer).
+    'TimesformerForVideoClassification': ('timesformer', 'timesformer.'),
+    'TimesformerModel': ('timesformer', ''),
 }
 TWO_TOWERS = ('CLIPModel', 'SiglipModel', 'Siglip2Model', 'Aimv2Model')
 

@@ -20,8 +20,12 @@ def _main(argv):
   model = models.get_model(FLAGS.name, num_classes=FLAGS.num_classes)
   size = FLAGS.size or registry.native_resolution(FLAGS.name) or 224
   shape, kind = (FLAGS.batch, size, size, 3), 'images'
-  if 'tubelet' in models.MODEL_CONFIGS[FLAGS.name]:  # a video model: clips
-    shape, kind = (FLAGS.batch, FLAGS.frames, size, size, 3), 'clips'
+  config = models.MODEL_CONFIGS[FLAGS.name]
+  if 'tubelet' in config or 'attention_type' in config:  # video: clips
+    frames = FLAGS.frames
+    if config.get('num_frames') and not FLAGS['frames'].present:
+      frames = config.num_frames  # a TimeSformer's: its weights'
+    shape, kind = (FLAGS.batch, frames, size, size, 3), 'clips'
   logits, _ = jax.eval_shape(lambda: model.init_with_output(  # no compute
       jax.random.key(1), jnp.zeros(shape), train=False))
   print(f'{FLAGS.name}: {models.count_params(model, shape):,} parameters; '
@@ -35,5 +39,6 @@ if __name__ == '__main__':
                        'native resolution, else 224).')
   flags.DEFINE_integer('batch', 2, 'Batch size.')
   flags.DEFINE_integer('frames', 32, "A video model's frames per clip "
-                       "(Scenic's Kinetics configs: 32).")
+                       "(Scenic's Kinetics configs: 32; a TimeSformer: its "
+                       "preset's).")
   cli.run(_main)

@@ -1,5 +1,5 @@
 """Video classification (`trainer='video'`): a ViViT (Arnab et al., 2021,
-`models.vivit`) trained on clips, on the shared loop (mesh, bf16, remat,
+`models.vivit`) or a TimeSformer (`models.timesformer`) trained on clips, on the shared loop (mesh, bf16, remat,
 resume, export).
 
 Settings under `config.video`: `frames` (the clip the model sees),
@@ -44,10 +44,13 @@ def check_settings(config):
   if settings.kernel_init not in inflate.KERNEL_INITS:
     raise ValueError(f'config.video.kernel_init={settings.kernel_init!r}: '
                      f'expected one of {inflate.KERNEL_INITS}.')
-  tubelet = (config.model or {}).get('tubelet')
+  model = config.model or {}
+  # A TimeSformer (`attention_type`) embeds each frame: a tubelet of 1.
+  tubelet = model.get('tubelet', 1 if 'attention_type' in model else None)
   if tubelet is None:
-    raise ValueError(f"trainer='video' trains a video model (a ViViT preset "
-                     f'or a config.model with a tubelet); '
+    raise ValueError(f"trainer='video' trains a video model (a ViViT or "
+                     f'TimeSformer preset, or a config.model with a tubelet '
+                     f'or an attention_type); '
                      f'{config.model_name!r} takes images.')
   if settings.frames % tubelet:
     raise ValueError(f'config.video.frames={settings.frames} is not a '

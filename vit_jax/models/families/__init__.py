@@ -22,4 +22,5 @@ from vit_jax.models.families import mixer
 from vit_jax.models.families import swin
 from vit_jax.models.families import lit
 from vit_jax.models.families import vivit
+from vit_jax.models.families import timesformer
 from vit_jax.models.families import videomae
