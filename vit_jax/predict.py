@@ -216,9 +216,9 @@ def main(argv):
     prepare = lambda path: transform.prepare(path, spec)
   if getattr(model, 'TAKES_CLIPS', False):
     frames, stride, views = clip_views(recorded)
-    print(f'Clips: {views} view(s) of {frames} frames, '
-          f'{stride or "spread over the clip"} apart; their logits averaged.',
-          file=sys.stderr)
+    gap = f'{stride} apart' if stride else 'spread over the clip'
+    print(f'Clips: {views} view(s) of {frames} frames {gap}; their logits '
+          'averaged.', file=sys.stderr)
     prepare = lambda path: read_clip(path, spec, recorded)
   elif any(clips.is_clip(path) for path in paths):
     clip = next(path for path in paths if clips.is_clip(path))

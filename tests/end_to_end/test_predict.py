@@ -273,7 +273,7 @@ def test_a_video_model_predicts_clips(cli):
   assert len(blocks) == 3  # two clips printed
   for block in blocks[1:]:
     _assert_top5_is(block.split(':', 1)[1], want, atol=1e-4)
-  assert ('Clips: 2 view(s) of 4 frames, 1 apart; their logits averaged.'
+  assert ('Clips: 2 view(s) of 4 frames 1 apart; their logits averaged.'
           in stderr)
   assert 'gray.png is a still image, not a clip' in stderr
   code, _, stderr, _ = cli['clip, image model']
