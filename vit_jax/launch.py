@@ -2,9 +2,11 @@
 then trained (`train_and_evaluate`) or evaluated (`evaluate`).
 
 `config.trainer` names a registered task (`vit_jax/tasks`: 'train' or
-'classification', 'distill', 'lit', 'mae', 'dino', 'navit',
-'inference_time') or evaluates a checkpoint without training ('evaluate';
-'fewshot' and 'zeroshot' run only that type of evaluator).
+'classification', 'distill', 'lit', 'siglip2', 'mae', 'dino',
+'beit_tokenizer', 'beit', 'navit', 'segmentation', 'captioning', 'video',
+'videomae', 'inference_time'; `trainers()` lists them) or evaluates a checkpoint
+without training ('evaluate'; 'fewshot' and 'zeroshot' run only that type
+of evaluator).
 """
 
 from absl import logging
