@@ -309,11 +309,11 @@ def test_preset_options():
     elif registry.weights_source(name) == 'timm':
       assert not config.transformer.gelu_approximate, name
       # EVA-02 and DINOv3 keep a class token and pool the patches, as timm;
-      # AIMv2 pools the patches without one; Perception Encoder's Core has
-      # its MAP head, its G no class token.
+      # AIMv2 and VideoMAE pool the patches without one; Perception
+      # Encoder's Core has its MAP head, its G no class token.
       family = registry.family(name).name
       assert config.classifier in ('token', 'distilled', 'token_gap') + (
-          ('gap',) if family == 'AIMv2' else ()) + (
+          ('gap',) if family in ('AIMv2', 'VideoMAE') else ()) + (
               ('token_map', 'map', 'gap') if family.startswith('PE ') else
               ()), name
       assert config.transformer.dropout_rate == 0, name
