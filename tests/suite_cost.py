@@ -39,8 +39,6 @@ CAPS_S = {
     'tests/tasks/test_beit.py': 90,
     'tests/tasks/test_captioning.py': 80,
     'tests/end_to_end/test_notebooks.py': 80,
-    # Joined with issue 63 (the connectors' padding masks): 62 CPU s then.
-    'tests/models/test_captioning.py': 90,
 }
 # A file fails the run past DRIFT times its limit, and is listed (without
 # failing) between the two: this VM's speed drifts within a day, and files
