@@ -5,7 +5,7 @@
   module = vit_nnx.to_nnx(model, params, rngs=nnx.Rngs(dropout=0))
   opt = vit_nnx.optimizer(module, optim.make_optimizer(config))
   vit_nnx.update(opt, module, grads)             # grads of nnx.grad
-  files.save(path, vit_jax.nnx.params_of(module))
+  files.save(vit_nnx.params_of(module), path)  # and vit_nnx.model_of
 
 The Linen modules stay the one source of truth: the NNX module is flax's
 bridge (`nnx.bridge.ToNNX`) holding the Linen parameters as `nnx.Param`s,
@@ -33,7 +33,8 @@ from vit_jax.convert import transform as transforms
 # State's own `to_pure_dict` a function of nnx's, and from 0.11
 # `Optimizer.update` takes the model (0.10 held it).
 _data = getattr(nnx, 'data', lambda value: value)
-_to_pure_dict = getattr(nnx, 'to_pure_dict', lambda state: state.to_pure_dict())
+_to_pure_dict = getattr(nnx, 'to_pure_dict',
+                        lambda state: state.to_pure_dict())
 _UPDATE_TAKES_MODEL = 'model' in inspect.signature(
     nnx.Optimizer.update).parameters
 
@@ -59,6 +60,11 @@ def params_of(module: nnx.Module) -> Dict[str, Any]:
   """The Linen parameter tree of `to_nnx`'s module: what `files.save`,
   Orbax and every command take."""
   return _to_pure_dict(nnx.state(module, nnx.Param))
+
+
+def model_of(module: nnx.Module) -> nn.Module:
+  """The Linen model of `to_nnx`'s module (for `model.clone`, a record)."""
+  return module.to_nnx__module
 
 
 def from_pretrained(src, *, rngs: Optional[nnx.Rngs] = None,
