@@ -29,9 +29,10 @@ from vit_jax import pretrained
 from vit_jax.convert import transform as transforms
 
 # Where NNX changed across the flax versions setup.py allows (0.10 on):
-# 0.12 asks that pytree data in a Module's attributes be marked and makes a
-# State's own `to_pure_dict` a function of nnx's, and from 0.11
-# `Optimizer.update` takes the model (0.10 held it).
+# 0.12 asks that pytree data in a Module's attributes be marked, makes a
+# State's `to_pure_dict` a function of nnx's and renames ToNNX's `module`
+# `to_nnx__module`; 0.10's ToNNX reads only the attributes it recorded
+# (`linen_attributes`); from 0.11 `Optimizer.update` takes the model.
 _data = getattr(nnx, 'data', lambda value: value)
 _to_pure_dict = getattr(nnx, 'to_pure_dict',
                         lambda state: state.to_pure_dict())
@@ -53,6 +54,8 @@ def to_nnx(model: nn.Module, params: Dict[str, Any], *,
       raise ValueError(f'{type(model).__name__}: the parameter {name!r} '
                        'would hide the NNX attribute of that name.')
     setattr(module, name, _data(value))
+  if 'linen_attributes' in vars(module):  # flax 0.10
+    module.linen_attributes = tuple(attrs)
   return module
 
 
@@ -64,7 +67,8 @@ def params_of(module: nnx.Module) -> Dict[str, Any]:
 
 def model_of(module: nnx.Module) -> nn.Module:
   """The Linen model of `to_nnx`'s module (for `model.clone`, a record)."""
-  return module.to_nnx__module
+  attrs = vars(module)
+  return attrs['to_nnx__module' if 'to_nnx__module' in attrs else 'module']
 
 
 def from_pretrained(src, *, rngs: Optional[nnx.Rngs] = None,
