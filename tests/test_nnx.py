@@ -126,14 +126,16 @@ def test_one_adamw_step_lowers_the_loss():
 
 
 def test_the_packages_optimizer_with_layer_decay_steps_as_on_linen():
-  """make_optimizer's chain (clip, AdamW, layer decay) on the NNX module
-  moves each parameter as optax moves the Linen tree."""
+  """make_optimizer's chain (clip, AdamW, layer decay, a frozen label) on
+  the NNX module moves each parameter as optax moves the Linen tree."""
   model, params, x = _vit()
   config = ml_collections.ConfigDict(dict(
       optimizer='adam', base_lr=1e-2, warmup_steps=0, total_steps=10,
       decay_type='cosine', momentum_dtype='float32', weight_decay=1e-4,
       grad_norm_clip=1.0, layer_decay=0.5, accum_steps=1))
-  tx = optim.make_optimizer(config)
+  # Labeled as a task labels them: by the Linen tree's keys.
+  tx = optim.make_optimizer(config, lambda p: {
+      k: optim.FROZEN if k == 'cls' else optim.TRAINED for k in p})
   labels = np.array([0, 2])
   linen_loss = lambda p: _loss(
       lambda x, train: model.apply({'params': p}, x, train=train), x, labels)
@@ -149,6 +151,7 @@ def test_the_packages_optimizer_with_layer_decay_steps_as_on_linen():
     # invariant) but rounding's, which Adam scales up to the step size.
     if "['key']['bias']" not in jax.tree_util.keystr(path):
       np.testing.assert_allclose(g, w, atol=1e-6, err_msg=str(path))
+  np.testing.assert_array_equal(got['cls'], params['cls'])
   # Layer decay took part: the embedding moved less than the head.
   moved = lambda p: np.abs(np.asarray(p[0]) - p[1]).max()
   assert moved((got['embedding']['kernel'], params['embedding']['kernel'])) < (

@@ -23,6 +23,7 @@ from flax import linen as nn
 from flax import nnx
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
+import jax
 import optax
 
 from vit_jax import pretrained
@@ -79,11 +80,29 @@ def from_pretrained(src, *, rngs: Optional[nnx.Rngs] = None,
   return to_nnx(found.model, found.params, rngs=rngs), found.transform
 
 
+def _on_linen_trees(tx: optax.GradientTransformation
+                    ) -> optax.GradientTransformation:
+  """`tx` handed the Linen trees (plain dicts), which `make_optimizer`'s
+  labels and layer decay read by their keys, rather than NNX's States."""
+  def init(params):
+    return tx.init(_to_pure_dict(params))
+
+  def update(updates, state, params=None):
+    new, state = tx.update(_to_pure_dict(updates), state,
+                           None if params is None else _to_pure_dict(params))
+    # A State flattens as a dict does, by sorted keys.
+    return jax.tree.unflatten(jax.tree.structure(updates),
+                              jax.tree.leaves(new)), state
+
+  return optax.GradientTransformation(init, update)
+
+
 def optimizer(module: nnx.Module,
               tx: optax.GradientTransformation) -> nnx.Optimizer:
-  """`nnx.Optimizer` of `tx` (e.g. `run.optim.make_optimizer(config)`) over
-  the module's parameters, as every flax version takes it."""
-  return nnx.Optimizer(module, tx, wrt=nnx.Param)
+  """`nnx.Optimizer` of `tx` (e.g. `run.optim.make_optimizer(config)`, its
+  parameter labels included) over the module's parameters, as every flax
+  version takes it."""
+  return nnx.Optimizer(module, _on_linen_trees(tx), wrt=nnx.Param)
 
 
 def update(opt: nnx.Optimizer, module: nnx.Module, grads) -> None:
