@@ -12,6 +12,8 @@ import pytest
 from flax import nnx
 
 from vit_jax import models
+from vit_jax.checkpoints import files
+from vit_jax.checkpoints import record
 from vit_jax import nnx as vit_nnx
 from vit_jax.platform import sharding
 from vit_jax.run import optim
@@ -182,3 +184,18 @@ def test_sharded_parameters_keep_their_shardings():
   step(module, opt, x)
   assert all(jax.tree.leaves(jax.tree.map(
       same, vit_nnx.params_of(module), shardings)))
+
+
+def test_from_pretrained_gives_the_checkpoints_module(tmp_path):
+  """An .npz and its record, as a run exports them, by its path alone."""
+  model, params, inputs = _linen('testing')
+  path = tmp_path / 'testing.npz'
+  files.save(params, path)
+  record.write(path, record.model_record('testing', model))
+  module, transform = vit_nnx.from_pretrained(str(path))
+  assert transform.size == 32
+  np.testing.assert_allclose(
+      module(inputs['x'], train=False),
+      model.apply({'params': params}, inputs['x'], train=False), atol=1e-6)
+  jax.tree.map(np.testing.assert_array_equal, vit_nnx.params_of(module),
+               params)
