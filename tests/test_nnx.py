@@ -11,9 +11,9 @@ import optax
 import pytest
 from flax import nnx
 
-from vit_jax import models
 from vit_jax.checkpoints import files
 from vit_jax.checkpoints import record
+from vit_jax import models
 from vit_jax import nnx as vit_nnx
 from vit_jax.platform import sharding
 from vit_jax.run import optim
@@ -61,7 +61,6 @@ def _random(shapes):
       jnp.asarray(('scale' in jax.tree_util.keystr(path)) +
                   0.2 * rng.randn(*s.shape), s.dtype)
       for path, s in leaves])
-  return model, params, inputs
 
 
 @pytest.mark.parametrize('preset', list(PRESETS))
