@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from flax import linen as nn
 from flax import nnx
 
 from vit_jax.checkpoints import files
@@ -198,3 +199,13 @@ def test_from_pretrained_gives_the_checkpoints_module(tmp_path):
       model.apply({'params': params}, inputs['x'], train=False), atol=1e-6)
   jax.tree.map(np.testing.assert_array_equal, vit_nnx.params_of(module),
                params)
+
+
+def test_a_parameter_named_as_an_nnx_attribute_is_refused():
+  class Clash(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x * self.param('lazy_init', nn.initializers.ones, ())
+
+  with pytest.raises(ValueError, match="Clash: the parameter 'lazy_init'"):
+    vit_nnx.to_nnx(Clash(), {'lazy_init': jnp.ones(())})
