@@ -74,7 +74,7 @@ PARTS = [
     ('run', r'vit_jax\.run(\..*)?'),
     ('tasks', r'vit_jax\.tasks(\..*)?'),
     ('entry points', r'vit_jax\.(main|launch|plan|run_config|tpu_slices|'
-                     r'pretrained|features|caption|'
+                     r'pretrained|features|caption|nnx|'
                      r'analysis\.__main__)'),
     ('analysis', r'vit_jax\.(analysis(\..*)?|predict)'),
     ('face', r'vit_jax'),

@@ -101,3 +101,21 @@ def test_mae_notebook(tmp_path, monkeypatch):
   work = tmp_path / 'tmp' / 'vit_jax_mae'
   assert {'ViT-fmnist.npz', 'mae_reconstructions.png', 'results.json'} <= set(
       os.listdir(work / 'pretrain'))
+
+
+def test_nnx_notebook(tmp_path, monkeypatch):
+  text, _ = _run_smoke('nnx.ipynb', tmp_path, monkeypatch)
+  assert 'ToNNX of VisionTransformer' in text
+  assert "head: {'bias': (2,), 'kernel': (10, 2)}" in text
+  before, after = (float(x) for x in re.findall(r'train loss (\d\.\d+)', text))
+  assert after < before - 0.01  # nnx.Optimizer's steps trained the module
+  # predict opened the saved .npz by its path and gave the module's classes.
+  found = re.search(r'test/vertical/3\.png:\n  ([01]\.\d{4})  vertical\n|'
+                    r'test/vertical/3\.png:\n.*\n  ([01]\.\d{4})  vertical\n',
+                    text)
+  module = re.search(r'test/vertical/3\.png by the NNX module: horizontal '
+                     r'[01]\.\d{4}, vertical ([01]\.\d{4})', text)
+  assert found and module, text
+  assert (found[1] or found[2]) == module[1]
+  work = tmp_path / 'tmp' / 'vit_jax_nnx'
+  assert {'finetuned.npz', 'finetuned.transform.json'} <= set(os.listdir(work))
