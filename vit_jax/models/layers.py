@@ -21,6 +21,21 @@ class IdentityLayer(nn.Module):
     return x
 
 
+def pre_logits_and_head(x, representation_size, num_classes, dtype):
+  """A video model's `pre_logits` (tanh Dense, or `IdentityLayer` so the
+  name stays) and zero-initialized float32 `head` of pooled features, in
+  the calling module's scope; the features alone without classes."""
+  if representation_size is not None:
+    x = nn.tanh(nn.Dense(representation_size, name='pre_logits',
+                         dtype=dtype)(x))
+  else:
+    x = IdentityLayer(name='pre_logits')(x)
+  if not num_classes:
+    return x
+  return nn.Dense(num_classes, dtype=jnp.float32, name='head',
+                  kernel_init=nn.initializers.zeros)(x)
+
+
 class DropPath(nn.Module):
   """Stochastic depth: drops a residual branch for whole samples.
 

@@ -37,7 +37,7 @@ from vit_jax.models.attention import attention
 from vit_jax.models.encoder import REMAT_POLICIES
 from vit_jax.models.layers import drop_path_rates
 from vit_jax.models.layers import DropPath
-from vit_jax.models.layers import IdentityLayer
+from vit_jax.models import layers
 from vit_jax.models.layers import make_norm
 from vit_jax.models.layers import MlpBlock
 from vit_jax.models.posemb import patch_size
@@ -262,12 +262,5 @@ class TimeSformer(nn.Module):
                            num_frames=self.num_frames, dtype=dtype,
                            name='Transformer', **self.transformer)(
                                cls, x, train=train)
-    if self.representation_size is not None:
-      x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',
-                           dtype=dtype)(x))
-    else:
-      x = IdentityLayer(name='pre_logits')(x)
-    if not self.num_classes:
-      return x
-    return nn.Dense(self.num_classes, dtype=jnp.float32, name='head',
-                    kernel_init=nn.initializers.zeros)(x)
+    return layers.pre_logits_and_head(x, self.representation_size,
+                                      self.num_classes, dtype)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from vit_jax.models import intermediates
 from vit_jax.models import ops
 from vit_jax.models.encoder import Encoder
-from vit_jax.models.layers import IdentityLayer
+from vit_jax.models import layers
 from vit_jax.models.posemb import patch_size
 from vit_jax.models.posemb import sinusoid_table
 
@@ -287,13 +287,6 @@ class ViViT(nn.Module):
       eps = self.fc_norm_eps or self.transformer.get('layer_norm_eps', 1e-6)
       x = ops.LayerNorm(name='fc_norm', epsilon=eps,
                         dtype=jnp.dtype(self.dtype))(x)
-    if self.representation_size is not None:
-      x = nn.tanh(nn.Dense(self.representation_size, name='pre_logits',
-                           dtype=jnp.dtype(self.dtype))(x))
-    else:
-      x = IdentityLayer(name='pre_logits')(x)
-    if not self.num_classes:
-      return x
-    return nn.Dense(self.num_classes, dtype=jnp.float32, name='head',
-                    kernel_init=nn.initializers.zeros)(x)
+    return layers.pre_logits_and_head(x, self.representation_size,
+                                      self.num_classes, jnp.dtype(self.dtype))
 
