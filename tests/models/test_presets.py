@@ -269,6 +269,10 @@ def test_param_count(name):
     # Scanned blocks: the same parameters, stacked, traced once (cheaper).
     kw['transformer'] = dict(models.MODEL_CONFIGS[name].transformer,
                              scan=True)
+  if two_towers and 'transformer' in models.MODEL_CONFIGS[name].image:
+    image = models.MODEL_CONFIGS[name].image.to_dict()
+    kw['image'] = dict(image, transformer=dict(image['transformer'],
+                                               scan=True))
   model = models.get_model(name, **kw)
   assert isinstance(model, models.model_class(name))
   # A Swin's side is a multiple of its window's (384 px for Swin-B_384).
