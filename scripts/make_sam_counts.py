@@ -21,8 +21,8 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'tests', 'data')
 
 # vit_jax preset: (timm architecture, kwargs).
-TESTING = dict(img_size=128, embed_dim=32, depth=4, num_heads=2,
-               window_size=4, global_attn_indexes=(1, 3), neck_chans=16)
+TESTING = dict(img_size=128, embed_dim=16, depth=4, num_heads=2,
+               window_size=4, global_attn_indexes=(1, 3), neck_chans=8)
 MODELS = {
     'SAM-testing': ('samvit_base_patch16', TESTING),
     'SAM-B': ('samvit_base_patch16', {}),

@@ -6,7 +6,7 @@ Parameters (`jax.eval_shape`) equal timm 1.0.31's samvit_{base,large,
 huge}_patch16 (no head; tests/data/sam_param_counts.json): SAM-B
 89_670_912, SAM-L 308_278_272, SAM-H 637_026_048. 'SAM-testing' is the
 small model of the golden files (scripts/make_sam_golden.py): 128 px,
-width 32, 4 blocks, windows of 4, global blocks 1 and 3.
+width 16, 4 blocks, windows of 4, global blocks 1 and 3.
 """
 
 import ml_collections
@@ -17,7 +17,7 @@ from vit_jax.models import sam
 # name: (hidden_size, num_layers, num_heads, global_blocks, window,
 #        neck_channels, image_size)
 _SAMS = {
-    'SAM-testing': (32, 4, 2, (1, 3), 4, 16, 128),
+    'SAM-testing': (16, 4, 2, (1, 3), 4, 8, 128),
     'SAM-B': (768, 12, 12, (2, 5, 8, 11), 14, 256, 1024),
     'SAM-L': (1024, 24, 16, (5, 11, 17, 23), 14, 256, 1024),
     'SAM-H': (1280, 32, 16, (7, 15, 23, 31), 14, 256, 1024),
