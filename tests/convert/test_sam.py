@@ -114,3 +114,22 @@ def test_jitted_as_eager(converted):
   got = jax.jit(lambda p, x: pretrained.model.apply({'params': p}, x))(
       pretrained.params, images)
   np.testing.assert_allclose(got, GOLDEN['timm/96'], atol=1e-4, rtol=0)
+
+
+def test_written_back_as_timms_state_and_read_again(converted, tmp_path):
+  """An .npz to timm's state dict (a bare file: its tables tell the
+  windows), and that file read back as the same preset and weights."""
+  _, npz, _ = converted['timm_samvit']
+  back = str(tmp_path / 'back.safetensors')
+  assert convert.convert(npz, back) == 'SAM-testing'
+  want = load_file(os.path.join(DATA, 'timm_samvit', 'model.safetensors'))
+  got = load_file(back)
+  assert set(got) == set(want)
+  for key, value in want.items():
+    np.testing.assert_array_equal(got[key], value)
+  again = str(tmp_path / 'again.npz')
+  assert convert.convert(back, again) == 'SAM-testing'
+  with open(again[:-4] + '.transform.json') as f:
+    assert json.load(f)['model'] == {'layer_norm_eps': 1e-5}
+  with pytest.raises(ValueError, match="timm's layout only"):
+    convert.convert(npz, str(tmp_path / 'hf'), layout='transformers')

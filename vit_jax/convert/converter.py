@@ -187,8 +187,9 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
   if convert_swin.is_swin(state):
     return _from_swin(state, config, model_name)
   if convert_sam.is_sam(state):
-    return _from_sam(convert_sam.timm_to_npz(state),
-                     convert_sam.timm_settings(config), weights, model_name,
+    flat = convert_sam.timm_to_npz(state)
+    return _from_sam(flat, convert_sam.timm_settings(config, flat, weights),
+                     weights, model_name,
                      dict(config.get('pretrained_cfg') or {}))
   if config_path is None:
     if transformers_layout.looks_like_transformers(state):

@@ -234,12 +234,30 @@ def model_config(flat: Flat, settings: Dict[str, Any], path: str
       stochastic_depth=0., dtype='float32')
 
 
-def timm_settings(config: Dict[str, Any]) -> Dict[str, Any]:
+def _windows_of(flat: Flat, path: str) -> Dict[str, Any]:
+  """Windows and global blocks as the tables' rows tell them: a block
+  whose tables fit the grid is global, the others' fit the window."""
+  have = shapes(flat)
+  grid = have['grid'][0]
+  windows = {side for side in have['sides'] if side != grid}
+  if len(windows) != 1:
+    raise ValueError(f"{path}: its relative tables do not tell the windows "
+                     f'(sides {have["sides"]} on a grid of {grid}): put '
+                     "timm's config.json beside it.")
+  return dict(window_size=windows.pop(), global_blocks=tuple(
+      i for i, side in enumerate(have['sides']) if side == grid))
+
+
+def timm_settings(config: Dict[str, Any], flat: Optional[Flat] = None,
+                  path: str = '') -> Dict[str, Any]:
   """The settings of timm's config.json that shapes cannot tell: its
-  `model_args`, else its architecture's preset's."""
+  `model_args`, else its architecture's preset's; without a config.json
+  (a bare state dict, as `convert` writes), the tables' (`flat`)."""
   args = config.get('model_args') or {}
-  preset = TIMM_PRESETS.get(config.get('architecture'), 'SAM-B')
-  base = registry.MODEL_CONFIGS[preset]
+  preset = TIMM_PRESETS.get(config.get('architecture'))
+  if preset is None and not args and flat is not None:
+    return dict(_windows_of(flat, path), layer_norm_eps=TIMM_EPS)
+  base = registry.MODEL_CONFIGS[preset or 'SAM-B']
   for key, value in (('use_rel_pos', True), ('use_abs_pos', True),
                      ('qk_norm', False), ('pre_norm', False),
                      ('init_values', None), ('use_rope', False)):
@@ -291,6 +309,13 @@ def preset(model: Dict[str, Any], model_name: Optional[str] = None
     if not set(changed) & set(shaped):
       return name, changed
   return CUSTOM, model
+
+
+def npz_preset(flat: Flat) -> str:
+  """The SAM preset of vit_jax's names `flat` (CUSTOM if none has its
+  shapes)."""
+  settings = dict(_windows_of(flat, 'the .npz'), layer_norm_eps=1e-6)
+  return preset(model_config(flat, settings, 'the .npz'))[0]
 
 
 def eval_transform(side: int, processor: Optional[Dict[str, Any]],
