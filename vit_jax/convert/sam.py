@@ -137,8 +137,9 @@ def timm_to_npz(state: Flat) -> Flat:
     leaf, value = _to_npz_leaf(found[0], found[1], np.asarray(value))
     out[_join(found[0], leaf, '/')] = value
   if unknown:
+    names = ', '.join(sorted(unknown)[:6])
     raise ValueError(f'{len(unknown)} name(s) have no counterpart in '
-                     f"vit_jax's SAM encoder: {', '.join(sorted(unknown)[:6])}.")
+                     f"vit_jax's SAM encoder: {names}.")
   return out
 
 
