@@ -253,6 +253,16 @@ def _timesformer_sizes():
 
 MODEL_SIZES.update(_timesformer_sizes())
 
+
+def _sam_sizes():
+  """SAM's encoders: timm 1.0.31's samvit_{base,large,huge}_patch16 (no
+  head) and the golden files' small one (scripts/make_sam_counts.py)."""
+  with open(f'{ROOT}/tests/data/sam_param_counts.json') as f:
+    return json.load(f)['counts']
+
+
+MODEL_SIZES.update(_sam_sizes())
+
 DATA_STACK = ('tensorflow', 'tensorflow_datasets', 'clu', 'tensorboard')
 
 
@@ -263,7 +273,8 @@ def test_all_tested():
 @pytest.mark.parametrize('name', sorted(MODEL_SIZES))
 def test_param_count(name):
   two_towers = models.model_class(name) is models.LitModel
-  kw = {} if two_towers else dict(num_classes=1000)
+  headless = two_towers or registry.family(name).name == 'SAM'
+  kw = {} if headless else dict(num_classes=1000)
   if models.model_class(name) is models.VisionTransformer or (
       registry.family(name).name == 'VideoMAE'):
     # Scanned blocks: the same parameters, stacked, traced once (cheaper).

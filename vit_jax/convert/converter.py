@@ -33,6 +33,7 @@ from vit_jax.convert.preset_inference import flags
 from vit_jax.convert.preset_inference import infer_preset
 from vit_jax.convert.preset_inference import posemb_prefix
 from vit_jax.convert.preset_inference import token_classifier
+from vit_jax.convert import sam as convert_sam
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import timesformer as convert_timesformer
 from vit_jax.convert import transform
@@ -185,6 +186,11 @@ def from_timm(src: str, model_name: Optional[str] = None) -> Source:
     return _from_transformers(state, config, weights, model_name)
   if convert_swin.is_swin(state):
     return _from_swin(state, config, model_name)
+  if convert_sam.is_sam(state):
+    flat = convert_sam.timm_to_npz(state)
+    return _from_sam(flat, convert_sam.timm_settings(config, flat, weights),
+                     weights, model_name,
+                     dict(config.get('pretrained_cfg') or {}))
   if config_path is None:
     if transformers_layout.looks_like_transformers(state):
       raise ValueError(f"{weights} is in transformers' layout, whose "
@@ -294,6 +300,8 @@ def _from_transformers(state: Flat, config, weights: str,
   """A transformers checkpoint: its image tower, as timm's model computing
   the same, the eval transform from preprocessor_config.json; a two-tower
   model in full unless `model_name` names an image preset."""
+  if convert_sam.is_transformers_sam(config):  # no timm's layout of it
+    return _from_transformers_sam(state, config, weights, model_name)
   arch = transformers_layout.architecture(config)
   if convert_timesformer.is_timesformer(config):  # a video model: no timm's
     return _from_timesformer(state, config, weights, model_name)
@@ -330,6 +338,31 @@ def _from_timesformer(state: Flat, config, weights: str,
                                                model_name)
   return Source(flat, name, overrides, convert_timesformer.eval_transform(
       os.path.dirname(weights), config))
+
+
+def _from_transformers_sam(state: Flat, config, weights: str,
+                           model_name: Optional[str]) -> Source:
+  """transformers' SamVisionModel, or SamModel's vision encoder."""
+  state = convert_sam.transformers_to_timm(
+      state, config['architectures'][0], weights)
+  flat = convert_sam.timm_to_npz(state)
+  source = _from_sam(flat, convert_sam.transformers_settings(config),
+                     weights, model_name, {})
+  path = os.path.join(os.path.dirname(weights), 'preprocessor_config.json')
+  processor = None
+  if os.path.exists(path):
+    with open(path) as f:
+      processor = json.load(f)
+  return source._replace(transform=convert_sam.eval_transform(
+      convert_sam.shapes(flat)['image_size'], processor, weights))
+
+
+def _from_sam(flat: Flat, settings, weights: str,
+              model_name: Optional[str], pretrained_cfg) -> Source:
+  """SAM's image encoder by vit_jax's names, computing as `settings` say."""
+  model = convert_sam.model_config(flat, settings, weights)
+  name, overrides = convert_sam.preset(model, model_name)
+  return Source(flat, name, overrides, pretrained_cfg)
 
 
 def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,

@@ -12,6 +12,7 @@ import numpy as np
 from vit_jax.checkpoints import files
 from vit_jax.convert import aimv2 as convert_aimv2
 from vit_jax.convert import eva as convert_eva
+from vit_jax.convert import sam as convert_sam
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import timesformer as convert_timesformer
 from vit_jax.convert import transform
@@ -76,6 +77,7 @@ def _npz_flat(src: str) -> Flat:
 def _npz_preset(flat: Flat) -> str:
   """The preset that published names have the shapes of."""
   return (convert_swin.preset(flat) if convert_swin.is_swin(flat) else
+          convert_sam.npz_preset(flat) if convert_sam.is_sam(flat) else
           infer_preset(flat))
 
 
@@ -125,6 +127,9 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
     raise ValueError(f'{dst}: --layout=transformers writes a folder, and '
                      'this is a file.')
   flat = _npz_flat(src)
+  if convert_sam.is_sam(flat):
+    raise ValueError(f"{src} is SAM's image encoder, which is written in "
+                     "timm's layout only (a .safetensors destination).")
   record = transform.load_transform(src) or {}
   name = model_name or record.get('model_name') or _npz_preset(flat)
   model, normalization = transform.preset_settings(name, record)
@@ -198,6 +203,8 @@ def to_timm(src: str, dst: str, model_name: Optional[str]) -> str:
         '(Siglip2VisionModel).')
   if _is_aimv2_preset(model_name):  # timm's AIMv2 holds its RMSNorms
     state = _to_aimv2(flat)
+  elif convert_sam.is_sam(flat):
+    state = convert_sam.npz_to_timm(flat)
   else:
     _check_timm_norms(src, flat)
     state = (convert_swin.npz_to_timm(flat) if convert_swin.is_swin(flat)

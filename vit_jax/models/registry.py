@@ -51,7 +51,7 @@ class Family:
     native_sizes: presets published at another side ({'Swin-B_384': 384}).
     timm_layout: how timm's state dict of its weights maps to the published
       names (`vit_jax.convert`): 'vit', 'eva', 'beit', 'swin', 'mixer',
-      'naflex' or 'aimv2'; None: no timm weights.
+      'naflex', 'aimv2' or 'sam'; None: no timm weights.
     timm_architecture: a regex that timm's `architecture` fully matches for
       this family's weights (where the layout alone does not tell).
     timm_tag: a regex that timm's pretrained tag matches (MAE's encoders

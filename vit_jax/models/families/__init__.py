@@ -24,3 +24,4 @@ from vit_jax.models.families import lit
 from vit_jax.models.families import vivit
 from vit_jax.models.families import timesformer
 from vit_jax.models.families import videomae
+from vit_jax.models.families import sam
