@@ -121,7 +121,7 @@ def load_video_model(model_config, path, size, frames=None):
   if size is None:
     raise ValueError(f'{path} is a video model and records no frame size: '
                      'give image_size.')
-  found = files.read_params(path) if found is None else found
+  found = files.read_params(path)
   config = model_config_for(found, model_config)
   if config.get('dtype') == 'auto':
     config['dtype'] = target.compute_dtype(training=False)
