@@ -19,7 +19,9 @@ writes into tests/data/depth:
   16, 16, fusion 8), moved the same way, with DPT's processor (0.5, 0.5) at 32 px.
 - golden.npz: `images_da` (2, 56, 56, 3) and `images_dpt` (2, 32, 32, 3),
   the inputs as each model takes them after its processor (NHWC), and
-  their `predicted_depth` (`depth_da`, `depth_dpt`, (2, H, W)).
+  their `predicted_depth` (`depth_da`, `depth_dpt`, (2, H', W')); DPT's at
+  48 px too (`images_dpt48` (1, 48, 48, 3), `depth_dpt48`), where
+  transformers resizes its 4 x 4 table bilinearly to 6 x 6.
 """
 
 import os
@@ -87,6 +89,12 @@ def main():
     print(name, depth.shape, 'positive:', (depth > 0).mean(),
           'range:', depth.min(), depth.max())
     out[f'images_{name}'], out[f'depth_{name}'] = images, depth
+    if name == 'dpt':  # at 48 px: its table resized (bilinear)
+      images = rng.normal(size=(1, 48, 48, 3)).astype(np.float32)
+      with torch.no_grad():
+        out['depth_dpt48'] = model(pixel_values=torch.from_numpy(
+            images).permute(0, 3, 1, 2)).predicted_depth.numpy()
+      out['images_dpt48'] = images
   np.savez(os.path.join(OUT, 'golden.npz'), **out)
 
 

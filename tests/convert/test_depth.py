@@ -1,7 +1,8 @@
 """transformers' depth models -> vit_jax's `models.dpt.DPT`, against their
 own `predicted_depth`: tests/data/depth, from scripts/make_depth_golden.py
 (a tiny random DepthAnythingForDepthEstimation on a 4-block DINOv2 at 56 px,
-and a DPTForDepthEstimation on a 4-block ViT at 32 px, readout 'project');
+and a DPTForDepthEstimation on a 4-block ViT at 32 px and 48 px, readout
+'project');
 and `python -m vit_jax.predict --task=depth` on the converted one."""
 
 import json
@@ -65,6 +66,18 @@ def test_converted_gives_predicted_depth(converted, case):
   assert got.shape == want.shape
   assert np.abs(got - want).max() < 1e-4 * max(1., np.abs(want).max())
   assert np.abs(got - want).max() < 1e-6  # measured: 1e-8
+
+
+def test_dpt_resizes_its_table_as_transformers(converted):
+  """DPT's ViT resizes its table bilinearly (torch's) to each input: at
+  48 px, 4 x 4 -> 6 x 6, its output (1, 96, 96) within 1e-4."""
+  assert transform.load_transform(converted['dpt'])['posemb_resize'] == (
+      'bilinear_torch')
+  found = models.from_pretrained(converted['dpt'], image_size=48)
+  got = np.asarray(found.model.apply({'params': found.params},
+                                     GOLDEN['images_dpt48']))
+  assert got.shape == GOLDEN['depth_dpt48'].shape == (1, 96, 96)
+  assert np.abs(got - GOLDEN['depth_dpt48']).max() < 1e-6
 
 
 def test_dpt_hybrid_is_refused(tmp_path):

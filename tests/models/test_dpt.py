@@ -7,6 +7,7 @@ import pytest
 import scipy.ndimage
 
 from vit_jax.models import dpt
+from vit_jax.models import posemb_resize
 
 D, C = 6, 5
 
@@ -81,10 +82,10 @@ def test_bilinear_half_pixel_as_torch():
   """align_corners=False: (i + 0.5) * n_in / n_out - 0.5, clamped at 0
   (torch's interpolate of 2 -> 3 and 5 -> 3 rows, read off torch 2.14)."""
   np.testing.assert_allclose(
-      dpt.interpolation_matrix(2, 3, align_corners=False),
+      posemb_resize.torch_linear_weights(2, 3, align_corners=False),
       [[1, 0], [.5, .5], [0, 1]], atol=1e-6)
   np.testing.assert_allclose(
-      dpt.interpolation_matrix(5, 3, align_corners=False),
+      posemb_resize.torch_linear_weights(5, 3, align_corners=False),
       [[2 / 3, 1 / 3, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1 / 3, 2 / 3]],
       atol=1e-6)
 

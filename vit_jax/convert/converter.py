@@ -346,8 +346,9 @@ def _from_dpt(state: Flat, config, weights: str,
   kind = transformers_layout.kind(tower)
   transform = dict(convert_dpt.eval_transform(os.path.dirname(weights),
                                               config), dpt=dpt)
-  if kind == 'dinov2':  # resized to each input as transformers' DINOv2
-    transform['posemb_resize'] = 'bicubic_torch'
+  # The table resized to each input as transformers does.
+  transform['posemb_resize'] = ('bicubic_torch' if kind == 'dinov2' else
+                                'bilinear_torch')
   settings = transformers_config.vit_settings(tower)
   family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
   try:

@@ -21,34 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import posemb_resize
+
 READOUTS = ('ignore', 'add', 'project')
 HEADS = ('depth', 'segmentation')
 FUSIONS = ('x2', 'next')
 DEPTH_TYPES = ('relative', 'metric')
 
 
-def interpolation_matrix(n_in: int, n_out: int,
-                         align_corners: bool) -> np.ndarray:
-  """(n_out, n_in) weights of torch's 1-D linear interpolation
-  (`interpolate(mode='bilinear')` along one axis, no antialias)."""
-  i = np.arange(n_out, dtype=np.float64)
-  if align_corners:
-    src = i * ((n_in - 1) / (n_out - 1)) if n_out > 1 else 0 * i
-  else:  # torch clamps the first half-pixel to the edge
-    src = np.maximum((i + 0.5) * (n_in / n_out) - 0.5, 0.)
-  lo = np.minimum(np.floor(src).astype(int), n_in - 1)
-  hi = np.minimum(lo + 1, n_in - 1)
-  out = np.zeros((n_out, n_in))
-  np.add.at(out, (np.arange(n_out), lo), 1 - (src - lo))
-  np.add.at(out, (np.arange(n_out), hi), src - lo)
-  return out.astype(np.float32)
-
-
 def resize_bilinear(x, size: Sequence[int], align_corners: bool):
   """(N, h, w, C) resized to (N, *size, C) as torch's bilinear
   `interpolate` (jax.image.resize has no align_corners)."""
-  rows = interpolation_matrix(x.shape[1], size[0], align_corners)
-  cols = interpolation_matrix(x.shape[2], size[1], align_corners)
+  rows, cols = (posemb_resize.torch_linear_weights(
+      old, new, align_corners).astype(np.float32)
+                for old, new in zip(x.shape[1:3], size))
   x = jnp.einsum('oh,nhwc->nowc', rows, x, precision='highest')
   return jnp.einsum('pw,nowc->nopc', cols, x, precision='highest')
 
