@@ -33,19 +33,6 @@ from vit_jax.models.layers import MlpBlock
 NECK_EPSILON = 1e-6  # LayerNorm2d's in timm's and transformers' necks
 
 
-def linear_weights(old: int, new: int) -> np.ndarray:
-  """(new, old) weights of torch's `interpolate(mode='linear')`
-  (align_corners=False): entry i reads (i + 0.5) * old / new - 0.5, clamped
-  at 0, between its two neighbours."""
-  source = np.maximum((np.arange(new) + 0.5) * old / new - 0.5, 0.)
-  low = np.floor(source).astype(int)
-  high = np.minimum(low + 1, old - 1)
-  weights = np.zeros((new, old))
-  np.add.at(weights, (np.arange(new), low), 1. - (source - low))
-  np.add.at(weights, (np.arange(new), high), source - low)
-  return weights
-
-
 def relative_positions(table, size: int):
   """(size, size, D) embeddings of the query-key offsets along one axis:
   [i, j] is row i - j + size - 1 of `table` (L, D), first interpolated
@@ -53,8 +40,8 @@ def relative_positions(table, size: int):
   `get_rel_pos` for queries and keys of one size)."""
   rows = 2 * size - 1
   if table.shape[0] != rows:
-    table = jnp.asarray(linear_weights(table.shape[0], rows),
-                        table.dtype) @ table
+    weights = posemb_resize.torch_linear_weights(table.shape[0], rows)
+    table = jnp.asarray(weights, table.dtype) @ table
   offsets = np.arange(size)[:, None] - np.arange(size)[None, :] + size - 1
   return table[offsets]
 
