@@ -1,10 +1,9 @@
 """`trainer='beit_tokenizer'` and `trainer='beit'` (`tasks/beit.py`): one
 step of each against its equations, export and fine-tuning, 1 device
-against 8, a crash and resume, and the settings refused before compiling."""
+against 8, a crash and resume, and the settings refused before compiling
+(the command line's one error line: tests/end_to_end/test_cli.py)."""
 
 import json
-import subprocess
-import sys
 
 import chex
 from flax import traverse_util
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 import scipy.special
 
-from tests import helpers
 from tests.conftest import crashed_and_resumed
 from vit_jax import checkpoint  # the original's module name
 from vit_jax import launch
@@ -265,14 +263,3 @@ def test_a_crash_resumes_to_the_same_state(fmnist_dirs, dvae_dir,
                                 monkeypatch, 4)
   assert 'Resuming from step 3 ' in capsys.readouterr().out
   chex.assert_trees_all_close(resumed, uninterrupted, rtol=1e-5, atol=1e-6)
-
-
-def test_a_bad_ratio_is_one_error_line(tmp_path):
-  result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main',
-       '--config=configs/beit_fmnist.py:vqkd', f'--workdir={tmp_path}',
-       '--config.beit.mask_ratio=1.2'], cwd=helpers.ROOT, capture_output=True,
-      text=True, timeout=120)
-  assert result.returncode != 0
-  errors = [l for l in result.stderr.splitlines() if l.startswith('Error:')]
-  assert errors == ['Error: config.beit.mask_ratio=1.2 must be in (0, 1).']
