@@ -144,14 +144,13 @@ def interrupt_at(monkeypatch, batch_index, action, stream=pipeline):
   monkeypatch.setattr(stream, 'train_iterator', wrapped)
 
 
-def crashed_and_resumed(config, root, monkeypatch, batch_index,
+def crashed_and_resumed(config, workdir, monkeypatch, batch_index,
                         stream=pipeline):
-  """(the final parameters of `config` run uninterrupted in `root/whole`,
-  those of a run in `root/resumed` that crashed when its stream
-  (`stream.train_iterator`, as `interrupt_at`'s) handed out batch
-  `batch_index`, then ran again)."""
+  """The final parameters of `config` run in `workdir` after a run there
+  crashed when its stream (`stream.train_iterator`, as `interrupt_at`'s)
+  handed out batch `batch_index`: the caller compares them with the same
+  config's run that never stopped."""
   from vit_jax import launch  # pylint: disable=g-import-not-at-top
-  whole = launch.train_and_evaluate(config, str(root / 'whole'))
 
   def crash(batch):
     del batch
@@ -159,9 +158,9 @@ def crashed_and_resumed(config, root, monkeypatch, batch_index,
 
   interrupt_at(monkeypatch, batch_index, crash, stream)
   with pytest.raises(RuntimeError, match='simulated crash'):
-    launch.train_and_evaluate(config, str(root / 'resumed'))
+    launch.train_and_evaluate(config, str(workdir))
   monkeypatch.undo()
-  return whole, launch.train_and_evaluate(config, str(root / 'resumed'))
+  return launch.train_and_evaluate(config, str(workdir))
 
 
 # The folders whose tests train, compile for a slice or start processes:

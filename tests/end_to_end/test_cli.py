@@ -62,8 +62,9 @@ def cli_results(tmp_path_factory):
   """{name: (exit code, stdout, stderr, TensorFlow imported?, workdir)}, all
   run in one process (`helpers.cli_runs`): main with each flag of BAD_FLAGS
   and EARLY_ERRORS (named by the flag; errors said before TensorFlow loads,
-  whose start-up lines a run of its own filters), then OTHER_RUNS, then
-  predict on a corrupt checkpoint ('corrupt')."""
+  whose start-up lines a run of its own filters), main with a BEiT config's
+  bad mask ratio ('beit ratio'), then OTHER_RUNS, then predict on a corrupt
+  checkpoint ('corrupt')."""
   flags = list(dict.fromkeys([f for f, _ in BAD_FLAGS] + EARLY_ERRORS))
   root = tmp_path_factory.mktemp('cli_results')
   bad = root / 'bad.npz'
@@ -72,6 +73,9 @@ def cli_results(tmp_path_factory):
   runs = {flag: ('vit_jax.main', ['--config=configs/default.py',
                                   f'--workdir={root / str(i) / "w"}', flag])
           for i, flag in enumerate(flags)}
+  runs['beit ratio'] = ('vit_jax.main', [
+      '--config=configs/beit_fmnist.py:vqkd', f'--workdir={root / "beit"}',
+      '--config.beit.mask_ratio=1.2'])
   runs.update(OTHER_RUNS)
   runs['corrupt'] = ('vit_jax.predict', ['--model_name=testing',
                                          f'--checkpoint={bad}', image])
@@ -223,6 +227,14 @@ def test_two_first_runs_prepare_a_dataset_once(fmnist_dirs, tmp_path):
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-2000:]
     assert out.strip().splitlines()[-1] == '96'
+
+
+def test_a_bad_beit_ratio_is_one_error_line(cli_results):
+  """(Was tests/tasks/test_beit.py's, in a process of its own.)"""
+  code, _, stderr, _, _ = cli_results['beit ratio']
+  assert code != 0
+  errors = [l for l in stderr.splitlines() if l.startswith('Error:')]
+  assert errors == ['Error: config.beit.mask_ratio=1.2 must be in (0, 1).']
 
 
 def test_corrupt_checkpoint_is_one_line(cli_results):

@@ -7,8 +7,6 @@ PIL decodes the JPEG here as it did there (pillow is pinned).
 
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +17,12 @@ import pytest
 from tests import helpers
 from tests.helpers import random_params
 from vit_jax.checkpoints import files
+from vit_jax import convert
 from vit_jax import models
 from vit_jax import predict
 from vit_jax.convert import transform
 
 
-ROOT = helpers.ROOT
 DATA = helpers.DATA
 IMAGE, GOLDEN, RECORD = helpers.predict_golden()
 # One worker runs the tests of `cli`'s process, so that it starts once.
@@ -45,12 +43,12 @@ def _checkpoint(tmp_path, num_classes, size=48, **kw):
 
 @pytest.fixture(scope='module')
 def timm_npz(tmp_path_factory):
-  """The golden timm ViT converted to .npz, with timm's transform beside."""
+  """The golden timm ViT converted to .npz, with timm's transform beside
+(converted here: the command line's conversion is `cli`'s 'convert
+bare')."""
   path = tmp_path_factory.mktemp('timm') / 'timm_predict.npz'
-  subprocess.run(
-      [sys.executable, '-m', 'vit_jax.convert', '--model_name=testing',
-       os.path.join(DATA, 'timm_predict_vit.safetensors'), str(path)],
-      check=True, capture_output=True, timeout=300, cwd=ROOT)
+  assert convert.convert(os.path.join(DATA, 'timm_predict_vit.safetensors'),
+                         str(path), 'testing') == 'testing'
   shutil.copy(os.path.join(DATA, 'timm_predict.transform.json'),
               transform.transform_path(path))
   return path

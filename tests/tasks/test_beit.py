@@ -1,10 +1,9 @@
 """`trainer='beit_tokenizer'` and `trainer='beit'` (`tasks/beit.py`): one
 step of each against its equations, export and fine-tuning, 1 device
-against 8, a crash and resume, and the settings refused before compiling."""
+against 8, a crash and resume, and the settings refused before compiling
+(the command line's one error line: tests/end_to_end/test_cli.py)."""
 
 import json
-import subprocess
-import sys
 
 import chex
 from flax import traverse_util
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 import scipy.special
 
-from tests import helpers
 from tests.conftest import crashed_and_resumed
 from vit_jax import checkpoint  # the original's module name
 from vit_jax import launch
@@ -176,14 +174,33 @@ def test_tokenizer_then_beit_export_and_fine_tune(fmnist_dirs, tmp_path):
   launch.train_and_evaluate(finetune, str(tmp_path / 'finetune'))
 
 
-def test_one_device_equals_eight(fmnist_dirs, dvae_dir, tmp_path,
-                                 monkeypatch):
-  assert jax.device_count() == 8
+def _resumable(fmnist_dirs, dvae_dir):
+  """6 steps of 16 images, a checkpoint every 3: the run that the crash
+  test interrupts and that the 1-device run repeats."""
   config = _small('dvae', fmnist_dirs, tokenizer_path=dvae_dir)
+  config.batch, config.total_steps, config.warmup_steps = 16, 6, 2
+  config.checkpoint_every, config.progress_every = 3, 2
   config.evals.knn.every = config.evals.fewshot.every = None
-  p8 = launch.train_and_evaluate(config, str(tmp_path / 'eight'))
+  return config
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(fmnist_dirs, dvae_dir, tmp_path_factory):
+  """`_resumable`'s run on the 8 devices that never stopped: the reference
+  of both the 1-device run and the crashed one."""
+  workdir = str(tmp_path_factory.mktemp('beit_whole'))
+  return jax.device_get(launch.train_and_evaluate(
+      _resumable(fmnist_dirs, dvae_dir), workdir))
+
+
+def test_one_device_equals_eight(fmnist_dirs, dvae_dir, uninterrupted,
+                                 tmp_path, monkeypatch):
+  assert jax.device_count() == 8
+  p8 = uninterrupted
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
-  p1 = launch.train_and_evaluate(config, str(tmp_path / 'one'))
+  config = _resumable(fmnist_dirs, dvae_dir)
+  config.checkpoint_every = 0  # saves change no parameter
+  p1 = launch.train_and_evaluate(config, str(tmp_path))
   # A key bias's gradient is 0 in exact arithmetic (the softmax ignores
   # it): AdamW turns its rounding noise into steps of the learning rate's
   # size, which differ with the summation order. Compared apart, loosely.
@@ -234,29 +251,15 @@ def test_bad_settings_fail_before_compiling(fmnist_dirs, dvae_dir, tmp_path):
     launch.train_and_evaluate(config, str(tmp_path / 'teacher'))
 
 
-def test_a_crash_resumes_to_the_same_state(fmnist_dirs, dvae_dir, tmp_path,
+def test_a_crash_resumes_to_the_same_state(fmnist_dirs, dvae_dir,
+                                           uninterrupted, tmp_path,
                                            monkeypatch, capsys):
   """The masked-image stream, the frozen tokenizer and the optimizer all
-  resume: a run that crashed after its step-8 checkpoint, rerun, ends where
+  resume: a run that crashed after its step-3 checkpoint, rerun, ends where
   one that never stopped does. (A kill -9 of the loop, which this task does
   not change: tests/end_to_end/test_main.py.)"""
-  config = _small('dvae', fmnist_dirs)
-  config.beit.tokenizer_path = dvae_dir
-  config.batch, config.total_steps, config.warmup_steps = 16, 12, 2
-  config.checkpoint_every, config.progress_every = 4, 2
-  config.evals.knn.every = config.evals.fewshot.every = None
-  # Batch 10 is step 11's, after step 8's checkpoint.
-  whole, resumed = crashed_and_resumed(config, tmp_path, monkeypatch, 10)
-  assert 'Resuming from step 8 ' in capsys.readouterr().out
-  chex.assert_trees_all_close(resumed, whole, rtol=1e-5, atol=1e-6)
-
-
-def test_a_bad_ratio_is_one_error_line(tmp_path):
-  result = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main',
-       '--config=configs/beit_fmnist.py:vqkd', f'--workdir={tmp_path}',
-       '--config.beit.mask_ratio=1.2'], cwd=helpers.ROOT, capture_output=True,
-      text=True, timeout=120)
-  assert result.returncode != 0
-  errors = [l for l in result.stderr.splitlines() if l.startswith('Error:')]
-  assert errors == ['Error: config.beit.mask_ratio=1.2 must be in (0, 1).']
+  # Batch 4 is step 5's, after step 3's checkpoint.
+  resumed = crashed_and_resumed(_resumable(fmnist_dirs, dvae_dir), tmp_path,
+                                monkeypatch, 4)
+  assert 'Resuming from step 3 ' in capsys.readouterr().out
+  chex.assert_trees_all_close(resumed, uninterrupted, rtol=1e-5, atol=1e-6)

@@ -93,13 +93,15 @@ def test_scoring_is_the_mean_log_likelihood_of_each_class():
 
 @pytest.fixture(scope='module')
 def cappa_run(fmnist_dirs, tmp_path_factory):
-  """A CapPa run (trains encoder and decoder), its workdir."""
+  """A CapPa run (trains encoder and decoder) on the 8 devices: its workdir
+and its final parameters."""
   workdir = str(tmp_path_factory.mktemp('cappa'))
-  launch.train_and_evaluate(_config('cappa', fmnist_dirs), workdir)
-  return workdir
+  params = launch.train_and_evaluate(_config('cappa', fmnist_dirs), workdir)
+  return workdir, jax.device_get(params)
 
 
 def test_cappa_runs_exports_and_captions(cappa_run, fmnist_dirs, tmp_path):
+  cappa_run, _ = cappa_run
   results = json.load(open(os.path.join(cappa_run, 'results.json')))
   assert 0 <= results['scoring_accuracy'] <= 1
   assert {'exact_match', 'token_f1', 'cider_d'} <= results.keys()
@@ -140,7 +142,7 @@ def test_llava_trains_the_connector_on_a_frozen_encoder(cappa_run,
                                                         tmp_path):
   """A published-layout encoder (CapPa's export) frozen; the projector and
   the LM train; the optimizer keeps no state for the encoder."""
-  encoder_npz = os.path.join(cappa_run, 'ViT-fmnist-cappa.npz')
+  encoder_npz = os.path.join(cappa_run[0], 'ViT-fmnist-cappa.npz')
   config = _config('llava', fmnist_dirs, encoder=encoder_npz)
   workdir = str(tmp_path / 'llava')
   params = launch.train_and_evaluate(config, workdir)
@@ -165,12 +167,16 @@ def test_llava_trains_the_connector_on_a_frozen_encoder(cappa_run,
                          params['projector']['Dense_0']['kernel'])
 
 
-def test_one_device_equals_eight(fmnist_dirs, tmp_path, monkeypatch):
+def test_one_device_equals_eight(cappa_run, fmnist_dirs, tmp_path,
+                                 monkeypatch):
+  """`cappa_run` (8 devices) again on 1 device, without its evaluations
+  (which train nothing)."""
   assert jax.device_count() == 8
-  config = _config('cappa', fmnist_dirs, evals=False)
-  p8 = launch.train_and_evaluate(config, str(tmp_path / 'eight'))
+  _, p8 = cappa_run
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
-  p1 = launch.train_and_evaluate(config, str(tmp_path / 'one'))
+  config = _config('cappa', fmnist_dirs, evals=False)
+  config.checkpoint_every = 0  # saves change no parameter
+  p1 = launch.train_and_evaluate(config, str(tmp_path))
   # A key bias adds one logit to all keys of a query, which the softmax
   # cancels: its gradient is round-off, which Adam turns into steps.
   drop = lambda tree: {k: v for k, v in traverse_util.flatten_dict(

@@ -28,6 +28,7 @@ from vit_jax.run import loop
 from vit_jax.run import optim
 from vit_jax.tasks import dino
 
+pytestmark = pytest.mark.xdist_group('dino')  # one `uninterrupted` run
 
 
 def _log_softmax(x):
@@ -328,14 +329,34 @@ def _small(config, fmnist_dirs, **kw):
   return config
 
 
-def test_one_device_equals_eight(fmnist_dirs, tmp_path, monkeypatch):
-  assert jax.device_count() == 8
+def _resumable(fmnist_dirs):
+  """6 steps, a checkpoint every 3, the last layer free from the start (so
+  that it moves too): the run that the crash test interrupts and that the
+  1-device run repeats."""
   config = _small(dino_fmnist.get_config(), fmnist_dirs,
                   freeze_last_layer_epochs=0.)
+  config.total_steps, config.checkpoint_every = 6, 3
   config.evals.knn.every = config.evals.fewshot.every = None
-  p8 = launch.train_and_evaluate(config, str(tmp_path / 'eight'))
+  return config
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(fmnist_dirs, tmp_path_factory):
+  """`_resumable`'s run on the 8 devices that never stopped: the reference
+  of both the 1-device run and the crashed one."""
+  workdir = str(tmp_path_factory.mktemp('dino_whole'))
+  return jax.device_get(launch.train_and_evaluate(_resumable(fmnist_dirs),
+                                                  workdir))
+
+
+def test_one_device_equals_eight(fmnist_dirs, uninterrupted, tmp_path,
+                                 monkeypatch):
+  assert jax.device_count() == 8
+  p8 = uninterrupted
   monkeypatch.setattr(jax, 'devices', lambda: jax.local_devices()[:1])
-  p1 = launch.train_and_evaluate(config, str(tmp_path / 'one'))
+  config = _resumable(fmnist_dirs)
+  config.checkpoint_every = 0  # saves change no parameter
+  p1 = launch.train_and_evaluate(config, str(tmp_path))
   # The attention's key biases have a zero gradient in exact arithmetic (a
   # query's scores all shift alike): theirs is rounding, which AdamW scales
   # up to the learning rate, and which differs with the summation order.
@@ -437,15 +458,13 @@ def test_bad_dino_settings_fail_before_compiling(fmnist_dirs, tmp_path):
     launch.train_and_evaluate(config, str(tmp_path / 'accum'))
 
 
-def test_a_crash_resumes_to_the_same_state(fmnist_dirs, tmp_path,
-                                           monkeypatch):
+def test_a_crash_resumes_to_the_same_state(fmnist_dirs, uninterrupted,
+                                           tmp_path, monkeypatch):
   """Student, teacher (EMA), centre and schedules all resume: a run that
-  crashed after its step-4 checkpoint, rerun, ends where one that never
+  crashed after its step-3 checkpoint, rerun, ends where one that never
   stopped does. (A kill -9 of the loop: tests/end_to_end/test_main.py.)"""
-  config = _small(dino_fmnist.get_config(), fmnist_dirs)
-  config.total_steps, config.checkpoint_every = 8, 4
-  config.evals.knn.every = config.evals.fewshot.every = None
-  # Batch 6 is step 7's, after step 4's checkpoint.
-  whole, resumed = crashed_and_resumed(config, tmp_path, monkeypatch, 6)
-  chex.assert_trees_all_close(resumed, whole, rtol=1e-6, atol=1e-7)
-  assert not np.allclose(whole['center'], 0)
+  # Batch 4 is step 5's, after step 3's checkpoint.
+  resumed = crashed_and_resumed(_resumable(fmnist_dirs), tmp_path,
+                                monkeypatch, 4)
+  chex.assert_trees_all_close(resumed, uninterrupted, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(uninterrupted['center'], 0)
