@@ -1,10 +1,11 @@
-"""A linear segmentation probe on a frozen backbone, as DINOv2's.
+"""A linear segmentation (or depth) probe on a frozen backbone, as DINOv2's.
 
 DINOv2's linear head (Oquab et al., 2024, Sec. 7.4; its `BNHead`): the
 patch maps of the backbone's last block, or of its last four concatenated
 ("+ms" uses those), each through the final norm, then BatchNorm and a 1x1
-convolution to the classes, at the patch grid. The logits are upsampled
-bilinearly to the labels' size (`upsample`) for the loss and the metrics.
+convolution to the classes (one channel for depth), at the patch grid.
+The logits are upsampled bilinearly to the labels' size (`upsample`) for
+the loss and the metrics.
 """
 
 from typing import Sequence, Union
@@ -65,3 +66,8 @@ class LinearSegmenter(nn.Module):
 
   def classify(self, maps, *, train=False):
     return self.head(maps, train=train)
+
+
+# The dense models: `features(images)`, then `classify(features, train=)`;
+# `num_classes` output channels (1: depth).
+DENSE = (LinearSegmenter,)

@@ -1,7 +1,13 @@
-"""Dense linear probing (`trainer='segmentation'`): DINOv2's linear head
-(BatchNorm and a 1x1 convolution, `models.segmentation`) trained on the
-patch maps of a frozen encoder, per-pixel cross-entropy after bilinear
-upsampling to the labels' size, pixels of `ignore_label` left out.
+"""Dense probing (`trainer='segmentation'`): a head trained on the maps of
+a frozen encoder, its output upsampled bilinearly to the labels' size.
+
+The head (`config.segmentation.head`): 'linear', DINOv2's linear head
+(BatchNorm and a 1x1 convolution, `models.segmentation`), or 'dpt'. The
+target (`pp.label`): 'segmentation_mask', classes by per-pixel
+cross-entropy, pixels of `segmentation.ignore_label` left out (metrics:
+the 'segmentation' evaluator's); or 'depth', relative depth (disparity) by
+Depth Anything's affine-invariant loss over the known pixels, one output
+channel (metrics: the 'depth' evaluator's).
 
 The encoder is any checkpoint that `config.model` (a preset, by
 `--config.model_name`) loads from `pretrained_path`, at `pp.crop`; none:
@@ -9,9 +15,8 @@ the model at initialization (a baseline). Its parameters are an argument
 of the jitted step (as a teacher's), never updated and with no optimizer
 state; its maps are computed inside the step. The head's BatchNorm
 statistics ride in the state beside its parameters, labelled frozen for
-the optimizer and replaced by the step. The run exports the whole
-segmenter (encoder and head) and its evaluator reports mean IoU and pixel
-accuracy.
+the optimizer and replaced by the step. The run exports the whole model
+(encoder and head).
 """
 
 import jax
@@ -30,25 +35,31 @@ from vit_jax.tasks import classification
 from vit_jax.tasks import encoders
 from vit_jax.tasks import registry
 
-LABEL = 'segmentation_mask'  # the feature, a `data.labels` task
+CLASSES = 'segmentation_mask'  # pp.label of classes, a `data.labels` task
+HEADS = ('linear', 'dpt')
 
 
 @registry.register
 class Task(base.Task):
-  """A linear segmentation head on a frozen encoder."""
+  """A segmentation or depth head on a frozen encoder."""
 
   trainers = ('segmentation',)
 
   @classmethod
   def check_config(cls, config, data_devices):
     super().check_config(config, data_devices)
-    if config.pp.get('label') != LABEL:
-      raise ValueError(f"trainer='segmentation' reads pp.label={LABEL!r}, "
-                       f'got {config.pp.get("label")!r}.')
+    label = config.pp.get('label')
+    if label not in segmentation_data.TARGETS:
+      raise ValueError(f"trainer='segmentation' reads pp.label in "
+                       f'{sorted(segmentation_data.TARGETS)}, got {label!r}.')
     settings = config.get('segmentation')
-    if settings is None or not isinstance(settings.ignore_label, int):
+    if settings is None or (label == CLASSES and not isinstance(
+        settings.get('ignore_label'), int)):
       raise ValueError("trainer='segmentation' needs config.segmentation "
                        'with an integer ignore_label (and indices, norm).')
+    if settings.get('head', 'linear') not in HEADS:
+      raise ValueError(f'config.segmentation.head={settings.head!r}; '
+                       f'expected one of {HEADS}.')
 
   @classmethod
   def evaluates(cls, config):
@@ -97,7 +108,7 @@ class Task(base.Task):
   def train_step(self, state, batch, *, rng, frozen):
     """One micro-batch: the frozen maps, the head's loss and update."""
     del rng  # no dropout, no augmentation on the device
-    labels = batch['segmentation']
+    labels = batch[segmentation_data.target_key(self.config.pp.label)]
     maps = jax.lax.stop_gradient(self.features(frozen, batch['image']))
 
     def compute_loss(variables):
@@ -105,13 +116,19 @@ class Task(base.Task):
           variables, maps, method='classify', train=True,
           mutable=['batch_stats'])
       logits = segmentation.upsample(logits, labels.shape[1:])
-      return losses.pixel_cross_entropy(
-          logits, labels, self.config.segmentation.ignore_label), updates
+      return self.loss(logits, labels), updates
 
     (value, updates), grads = jax.value_and_grad(
         compute_loss, has_aux=True)(state.params)
     state = state.apply_gradients(grads=grads)
     return state.replace(params={**state.params, **updates}), {'loss': value}
+
+  def loss(self, logits, labels):
+    """The target's loss of the upsampled output."""
+    if self.config.pp.label == CLASSES:
+      return losses.pixel_cross_entropy(
+          logits, labels, self.config.segmentation.ignore_label)
+    return losses.affine_invariant_depth(logits[..., 0], labels, labels > 0)
 
   def batches(self, *, batch_size, rows, start_step):
     return segmentation_data.train_iterator(

@@ -1,0 +1,96 @@
+"""Dense depth and DPT on the scenes: Depth Anything's loss and the relative
+depth metrics against numpy from their equations; the configs
+segmentation_fmnist.py:dpt and :depth run offline and write their metrics."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import launch
+from vit_jax import losses
+from vit_jax.configs import segmentation_fmnist
+from vit_jax.data import local_datasets
+from vit_jax.evaluators import depth as depth_eval
+
+
+def _maps(seed, batch=4, size=(6, 7)):
+  """Predictions, true disparities of a few levels (ties, as the scenes'),
+  and known pixels: an even count, an odd one, all, and none."""
+  rng = np.random.default_rng(seed)
+  prediction = rng.normal(size=(batch, *size)).astype(np.float32)
+  target = rng.integers(1, 6, (batch, *size)).astype(np.float32)
+  valid = rng.uniform(size=target.shape) < 0.7
+  valid[0].flat[:] = np.arange(valid[0].size) < 18  # even
+  valid[1].flat[:] = np.arange(valid[1].size) < 23  # odd
+  valid[2] = True
+  valid[3] = False
+  return prediction, target, valid
+
+
+def _affine_invariant_numpy(prediction, target, valid):
+  """Depth Anything's eq.: d^ = (d - median d) / mean |d - median d| over
+  the known pixels, loss mean |d^_pred - d^_true|, averaged over images."""
+  def normalized(d):
+    t = np.median(d)
+    return (d - t) / np.mean(np.abs(d - t))
+  return np.mean([np.mean(np.abs(normalized(p[v]) - normalized(g[v])))
+                  for p, g, v in zip(prediction, target, valid) if v.any()])
+
+
+def test_affine_invariant_loss_is_its_equation():
+  prediction, target, valid = _maps(0)
+  loss = lambda p: float(losses.affine_invariant_depth(p, target, valid))
+  want = _affine_invariant_numpy(prediction, target, valid)
+  np.testing.assert_allclose(loss(prediction), want, rtol=1e-5)
+  # Blind to the scale and shift of the prediction (a positive scale), not
+  # to its shape; 0 on the truth up to scale and shift.
+  np.testing.assert_allclose(loss(3 * prediction - 2), want, rtol=1e-5)
+  assert loss(prediction ** 3) > want * 1.05 or loss(prediction ** 3) < (
+      want * 0.95)
+  assert loss(0.5 * target + 7) < 1e-6
+  grads = jax.grad(lambda p: losses.affine_invariant_depth(p, target, valid))(
+      jnp.asarray(prediction))
+  assert np.isfinite(grads).all() and not np.any(grads[3])
+
+
+def test_masked_median_is_numpys():
+  prediction, _, valid = _maps(1)
+  got = losses.masked_median(prediction.reshape(4, -1), valid.reshape(4, -1))
+  want = [np.median(p[v]) for p, v in zip(prediction[:3], valid[:3])]
+  np.testing.assert_allclose(got[:3], want, rtol=1e-6)
+  assert got[3] == 0
+
+
+def _depth_errors_numpy(prediction, disparity, valid):
+  """MiDaS's protocol, by numpy's least squares: disparity aligned, held
+  above 1 / the largest true depth, then AbsRel and delta1 on depth."""
+  out = []
+  for p, g, v in zip(prediction, disparity, valid):
+    p, g = p[v].astype(np.float64), g[v].astype(np.float64)
+    (s, t), *_ = np.linalg.lstsq(np.stack([p, np.ones_like(p)], 1), g,
+                                 rcond=None)
+    depth, true = 1 / np.maximum(s * p + t, g.min()), 1 / g
+    out.append((np.mean(np.abs(depth - true) / true),
+                np.mean(np.maximum(depth / true, true / depth) < 1.25)))
+  return np.array(out)
+
+
+def test_depth_metrics_are_midas_protocol():
+  prediction, disparity, valid = _maps(2)
+  # A prediction that is the truth's disparity up to scale and shift, with
+  # noise: an alignment gone wrong leaves large errors.
+  prediction = -0.3 * disparity + 4 + 0.3 * prediction
+  abs_rel, delta1 = depth_eval.depth_errors(prediction, disparity, valid)
+  want = _depth_errors_numpy(prediction[:3], disparity[:3], valid[:3])
+  np.testing.assert_allclose(abs_rel[:3], want[:, 0], rtol=1e-4)
+  np.testing.assert_allclose(delta1[:3], want[:, 1], rtol=1e-6)
+  assert 0.05 < want[:, 0].min() and want[:, 1].min() < 1  # not trivial
+  assert abs_rel[3] == 0 and delta1[3] == 0  # no pixel known
+  abs_rel, delta1 = depth_eval.depth_errors(2 * disparity - 1, disparity,
+                                            valid)
+  np.testing.assert_allclose(abs_rel[:3], 0, atol=1e-5)
+  np.testing.assert_allclose(delta1[:3], 1)
