@@ -53,6 +53,10 @@ def get_config(arm: str = 'last') -> ml_collections.ConfigDict:
       indices=indices,  # the encoder's blocks, negative from the end
       norm=True,  # each map through the encoder's final norm (DINOv2's)
       head=head))  # 'linear' or 'dpt'
+  if head == 'dpt':  # dpt.DPTHead's settings, scaled to the 128-wide ViT
+    config.segmentation.dpt = dict(
+        features=32, out_channels=(16, 32, 64, 128), readout='project',
+        fusion='next')  # Depth Anything's: the output at the images' size
   config.evals = ml_collections.ConfigDict()
   if label == 'depth':
     config.evals.depth = dict(type='depth', every=0)

@@ -94,3 +94,36 @@ def test_depth_metrics_are_midas_protocol():
                                             valid)
   np.testing.assert_allclose(abs_rel[:3], 0, atol=1e-5)
   np.testing.assert_allclose(delta1[:3], 1)
+
+
+@pytest.fixture
+def scenes_config(fmnist_dirs, tmp_path, monkeypatch):
+  """configs/segmentation_fmnist.py:ARM on 24 + 10 tiny scenes, its ViT at
+  initialization, 40 steps."""
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
+  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
+
+  def make(arm):
+    config = segmentation_fmnist.get_config(arm).unlock()
+    config.tfds_manual_dir = fmnist_dirs[0]
+    config.tfds_data_dir = str(tmp_path / 'tfds')
+    config.tfds_download = False
+    config.pretrained_path = ''
+    config.update(total_steps=40, warmup_steps=1, batch=8, batch_eval=8,
+                  progress_every=20, checkpoint_every=40, shuffle_buffer=24)
+    return config
+  return make
+
+
+def test_dpt_config_writes_miou(scenes_config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  launch.train_and_evaluate(scenes_config('dpt'), workdir)
+  results = json.load(open(os.path.join(workdir, 'results.json')))
+  assert 0 < results['miou'] <= 1 and len(results['iou_per_class']) == 11
+
+
+def test_depth_config_writes_abs_rel(scenes_config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  launch.train_and_evaluate(scenes_config('depth'), workdir)
+  results = json.load(open(os.path.join(workdir, 'results.json')))
+  assert 0 < results['abs_rel'] < 1 and 0 < results['delta1'] <= 1

@@ -27,6 +27,7 @@ from vit_jax.checkpoints import files
 from vit_jax.checkpoints import record
 from vit_jax.data import pipeline
 from vit_jax.data import segmentation as segmentation_data
+from vit_jax.models import dpt
 from vit_jax.models import segmentation
 from vit_jax.platform import sharding
 from vit_jax.run import optim
@@ -75,10 +76,7 @@ class Task(base.Task):
       encoder, params = encoders.load_encoder(config)
     else:  # the checkpoint holds the encoder (`checkpoint`)
       encoder, params = classification.make_model(config, None), None
-    settings = config.segmentation
-    self.model = segmentation.LinearSegmenter(
-        encoder, self.info.num_classes, tuple(settings.indices),
-        settings.norm)
+    self.model = make_model(config, encoder, self.info.num_classes)
     if params is None:
       return
     # On the mesh once: the step's argument and the evaluators' view.
@@ -95,7 +93,7 @@ class Task(base.Task):
 
   def init_params(self, rng):
     """The head's parameters and BatchNorm statistics."""
-    maps = [jnp.zeros(m.shape, m.dtype) for m in self._maps]
+    maps = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), self._maps)
     return self.model.init(rng, maps, method='classify', train=False)
 
   @staticmethod
@@ -107,14 +105,13 @@ class Task(base.Task):
 
   def train_step(self, state, batch, *, rng, frozen):
     """One micro-batch: the frozen maps, the head's loss and update."""
-    del rng  # no dropout, no augmentation on the device
     labels = batch[segmentation_data.target_key(self.config.pp.label)]
     maps = jax.lax.stop_gradient(self.features(frozen, batch['image']))
 
     def compute_loss(variables):
       logits, updates = self.model.apply(
           variables, maps, method='classify', train=True,
-          mutable=['batch_stats'])
+          mutable=['batch_stats'], rngs={'dropout': rng})  # DPT's
       logits = segmentation.upsample(logits, labels.shape[1:])
       return self.loss(logits, labels), updates
 
@@ -138,10 +135,10 @@ class Task(base.Task):
   def checkpoint(self, path):
     """(the segmenter, its variables) of a probe's exported .npz."""
     variables = files.load(path)
-    if sorted(variables) != ['batch_stats', 'params']:
+    if 'backbone' not in variables.get('params', {}):
       raise files.CheckpointError(
           f'{path} is not a segmentation probe (its export holds params/'
-          'backbone, params/head and batch_stats); probe an encoder with '
+          'backbone, the head and its batch_stats); probe an encoder with '
           "trainer='segmentation'.")
     return self.model, variables
 
@@ -152,9 +149,29 @@ class Task(base.Task):
                  'model_class': type(self.model).__name__,
                  'segmentation': {'num_classes': self.model.num_classes,
                                   'indices': list(settings.indices),
-                                  'norm': settings.norm}}}
+                                  'norm': settings.norm,
+                                  'head': settings.get('head', 'linear'),
+                                  'target': self.config.pp.label}}}
 
   def exported_params(self, params):
-    """The whole segmenter's variables: the encoder's and the head's."""
-    return {'params': {**params['params'], **self.frozen},
-            'batch_stats': params['batch_stats']}
+    """The whole model's variables: the encoder's and the head's (and its
+    BatchNorm statistics, where it has any)."""
+    return {**params, 'params': {**params['params'], **self.frozen}}
+
+
+def make_model(config, encoder, num_classes):
+  """The dense model of `config.segmentation` on `encoder`: the linear
+  head, or DPT's (`segmentation.dpt`, `dpt.DPTHead`'s settings), its output
+  at the images' size."""
+  settings = config.segmentation
+  indices = tuple(settings.indices)
+  if settings.get('head', 'linear') == 'linear':
+    return segmentation.LinearSegmenter(encoder, num_classes, indices,
+                                        settings.norm)
+  kind = 'segmentation' if config.pp.label == CLASSES else 'depth'
+  options = settings.dpt.to_dict()
+  options['out_channels'] = tuple(options['out_channels'])
+  head = dpt.DPTHead(**options, head=kind, num_classes=(
+      num_classes if kind == 'segmentation' else None))
+  return segmentation.DPTSegmenter(encoder, head, indices, settings.norm,
+                                   size=(config.pp.crop, config.pp.crop))
