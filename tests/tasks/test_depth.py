@@ -9,9 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 from vit_jax import launch
 from vit_jax import losses
+from vit_jax.checkpoints import files
 from vit_jax.configs import segmentation_fmnist
 from vit_jax.data import local_datasets
 from vit_jax.evaluators import depth as depth_eval
@@ -96,34 +98,53 @@ def test_depth_metrics_are_midas_protocol():
   np.testing.assert_allclose(delta1[:3], 1)
 
 
-@pytest.fixture
-def scenes_config(fmnist_dirs, tmp_path, monkeypatch):
-  """configs/segmentation_fmnist.py:ARM on 24 + 10 tiny scenes, its ViT at
-  initialization, 40 steps."""
-  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
-  monkeypatch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
-
-  def make(arm):
-    config = segmentation_fmnist.get_config(arm).unlock()
-    config.tfds_manual_dir = fmnist_dirs[0]
-    config.tfds_data_dir = str(tmp_path / 'tfds')
-    config.tfds_download = False
-    config.pretrained_path = ''
-    config.update(total_steps=40, warmup_steps=1, batch=8, batch_eval=8,
-                  progress_every=20, checkpoint_every=40, shuffle_buffer=24)
-    return config
-  return make
+@pytest.fixture(scope='module')
+def scenes_dir(fmnist_dirs, tmp_path_factory):
+  """A tfds data_dir with 24 + 10 tiny scenes, prepared once."""
+  data_dir = str(tmp_path_factory.mktemp('scenes'))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(local_datasets.FashionMnistScenes, 'NUM_TRAIN', 24)
+    patch.setattr(local_datasets.FashionMnistScenes, 'NUM_TEST', 10)
+    local_datasets.FashionMnistScenes(data_dir=data_dir).download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+            manual_dir=fmnist_dirs[0]))
+  return data_dir
 
 
-def test_dpt_config_writes_miou(scenes_config, tmp_path):
+def _config(arm, scenes_dir):
+  """configs/segmentation_fmnist.py:ARM on the tiny scenes, 40 steps of 8
+  images at 28 px (a 4x4 grid; the output upsampled to the 56 px labels);
+  its ViT at initialization, both it and the DPT head narrower (compiling
+  and running them is the test's cost)."""
+  config = segmentation_fmnist.get_config(arm).unlock()
+  config.model.hidden_size, config.model.transformer.mlp_dim = 32, 64
+  config.segmentation.dpt.update(features=8, out_channels=(8, 8, 16, 16))
+  config.tfds_data_dir = scenes_dir
+  config.tfds_download = False
+  config.pretrained_path = ''
+  config.pp.crop = 28
+  config.update(total_steps=40, warmup_steps=1, batch=8, batch_eval=8,
+                progress_every=20, checkpoint_every=40, shuffle_buffer=24)
+  return config
+
+
+def test_dpt_config_writes_miou(scenes_dir, tmp_path):
   workdir = str(tmp_path / 'run')
-  launch.train_and_evaluate(scenes_config('dpt'), workdir)
+  launch.train_and_evaluate(_config('dpt', scenes_dir), workdir)
   results = json.load(open(os.path.join(workdir, 'results.json')))
   assert 0 < results['miou'] <= 1 and len(results['iou_per_class']) == 11
 
 
-def test_depth_config_writes_abs_rel(scenes_config, tmp_path):
+def test_depth_config_writes_abs_rel(scenes_dir, tmp_path):
   workdir = str(tmp_path / 'run')
-  launch.train_and_evaluate(scenes_config('depth'), workdir)
+  config = _config('depth', scenes_dir)
+  launch.train_and_evaluate(config, workdir)
   results = json.load(open(os.path.join(workdir, 'results.json')))
   assert 0 < results['abs_rel'] < 1 and 0 < results['delta1'] <= 1
+  # The export (encoder, DPT head; no BatchNorm) evaluates to the same.
+  exported = files.load(os.path.join(workdir, 'ViT-fmnist.npz'))
+  assert sorted(exported) == ['backbone', 'dpt']  # params/ is unwrapped
+  config.trainer = 'evaluate'
+  config.pretrained_path = os.path.join(workdir, 'ViT-fmnist.npz')
+  again = launch.evaluate(config, str(tmp_path / 'eval'))
+  assert again['abs_rel'] == pytest.approx(results['abs_rel'], abs=1e-6)

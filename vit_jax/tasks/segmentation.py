@@ -135,7 +135,9 @@ class Task(base.Task):
   def checkpoint(self, path):
     """(the segmenter, its variables) of a probe's exported .npz."""
     variables = files.load(path)
-    if 'backbone' not in variables.get('params', {}):
+    if 'params' not in variables:  # read as big_vision's 'params/...'
+      variables = {'params': variables}
+    if 'backbone' not in variables['params']:
       raise files.CheckpointError(
           f'{path} is not a segmentation probe (its export holds params/'
           'backbone, the head and its batch_stats); probe an encoder with '
