@@ -16,19 +16,31 @@ to any other. A NaFlex model (SigLIP 2's, `posemb_grid`) takes
 most N patches (SigLIP 2's processor), normalized by the transform's mean
 and std. Class names: ImageNet-1k or -21k for heads of 1,000 or 21,843
 classes, `--labels=FILE` (one name per line) for others, else class indices.
+
+`--task=depth` takes a depth model (a converted Depth Anything or DPT,
+whose record holds `dpt`) and writes, per image, into `--output_dir`:
+`<stem>.npy`, the model's depth (H, W) at the transform's side (raw:
+relative inverse depth for Depth Anything and DPT), and `<stem>.png`, that
+map scaled to 0-255 per image (its minimum black, its maximum white).
+
+  python -m vit_jax.predict --task=depth --checkpoint=depth_anything.npz \
+      --output_dir=depth room.jpg
 """
 
 import os
 import sys
+from typing import Tuple
 
 from absl import app
 from absl import flags
 from etils import epath
 import jax
 import numpy as np
+from PIL import Image
 
 from vit_jax.checkpoints import loading
 from vit_jax import cli
+from vit_jax import pretrained
 from vit_jax.convert import converter
 from vit_jax.convert import transform
 from vit_jax.data import clips
@@ -193,13 +205,68 @@ def transform_for(path, recorded, size, model_name=''):
   return spec
 
 
+def depth_png(depth: np.ndarray) -> np.ndarray:
+  """A depth map as 8-bit gray: its minimum 0, its maximum 255 (all 0 for
+  a constant map)."""
+  low, high = float(depth.min()), float(depth.max())
+  scaled = (depth - low) / (high - low) if high > low else 0 * depth
+  return np.round(scaled * 255).astype(np.uint8)
+
+
+def write_depth(folder, path, depth) -> Tuple[str, str]:
+  """`<stem>.npy` (the raw map) and `<stem>.png` (`depth_png`) of the
+  image at `path`, in `folder`."""
+  stem = os.path.join(folder, os.path.splitext(os.path.basename(
+      os.path.normpath(path)))[0])
+  depth = np.asarray(depth, np.float32)
+  np.save(stem + '.npy', depth)
+  Image.fromarray(depth_png(depth)).save(stem + '.png')
+  return stem + '.npy', stem + '.png'
+
+
+def predict_depth(paths, checkpoint, recorded, size, output_dir) -> int:
+  """--task=depth: each image's depth map into `output_dir`."""
+  if 'dpt' not in (recorded or {}):
+    raise ValueError(f'{checkpoint} is not a depth model (its record has no '
+                     '`dpt`): convert a DepthAnythingForDepthEstimation or '
+                     'DPTForDepthEstimation.')
+  found = pretrained.from_pretrained(checkpoint, image_size=size)
+  spec = transform_for(checkpoint, recorded, found.transform.size)
+  run = jax.jit(lambda p, x: found.model.apply({'params': p}, x))
+  os.makedirs(output_dir, exist_ok=True)
+  failed = 0
+  for path in paths:
+    try:
+      image = transform.prepare(path, spec)
+    except (OSError, ValueError) as e:
+      print(f'Error: {e}' if path in str(e) else f'Error: {path}: {e}',
+            file=sys.stderr)
+      failed += 1
+      continue
+    depth = np.asarray(run(found.params, image[None]))[0]
+    npy, png = write_depth(output_dir, path, depth)
+    print(f'{path}: {npy} {png} (depth {depth.min():.4g} to '
+          f'{depth.max():.4g})')
+  return 1 if failed else 0
+
+
 def main(argv):
   paths = argv[1:]
   if not paths:
     raise app.UsageError('Give one or more image files.')
+  if FLAGS.task == 'depth' and not FLAGS.output_dir:
+    raise ValueError('--task=depth writes its maps into --output_dir: give '
+                     'one.')
   max_patches = FLAGS.max_num_patches
   check_max_num_patches(max_patches, FLAGS.size)
   checkpoint, recorded = converter.checkpoint_and_record(FLAGS.checkpoint)
+  if FLAGS.task == 'depth':
+    return predict_depth(paths, checkpoint, recorded,
+                         FLAGS.size or transform.recorded_size(recorded),
+                         FLAGS.output_dir)
+  if 'dpt' in (recorded or {}):
+    raise ValueError(f'{checkpoint} is a depth model: give --task=depth and '
+                     '--output_dir.')
   model, params, size = load_classifier(
       FLAGS.model_name, checkpoint,
       FLAGS.size or transform.recorded_size(recorded), recorded)
@@ -250,6 +317,11 @@ if __name__ == '__main__':
                       "the one the checkpoint's record names).")
   flags.DEFINE_string('checkpoint', None, 'The .npz file or workdir, or a '
                       'timm or transformers folder, file or hub name.')
+  flags.DEFINE_enum('task', 'classify', ['classify', 'depth'],
+                    "classify: top-k classes; depth: a depth model's maps, "
+                    'as .npy and .png, into --output_dir.')
+  flags.DEFINE_string('output_dir', None, '--task=depth: the folder of the '
+                      'maps (made if absent).')
   flags.DEFINE_string('labels', None, 'Class names, one per line.')
   flags.DEFINE_integer('size', None, 'Image side (default: the recorded '
                        "transform's, else the checkpoint's).")

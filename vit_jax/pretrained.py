@@ -26,6 +26,7 @@ from vit_jax.checkpoints import record as checkpoint_record
 from vit_jax.checkpoints import loading
 from vit_jax.convert import converter
 from vit_jax.convert import transform as transforms
+from vit_jax.models import dpt
 from vit_jax.models import lit
 from vit_jax.models import registry
 
@@ -56,7 +57,9 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   the source does. A NaFlex tower (`posemb_grid`) takes any (height,
   width), its table resized to each image's grid at run time. A video
   model (ViViT, VideoMAE) takes clips (N, T, H, W, C) of the recorded
-  `num_frames` at the recorded side, as its tables are. `overrides` change
+  `num_frames` at the recorded side, as its tables are. A depth model
+  (Depth Anything, DPT: the record's `dpt`) is a `models.dpt.DPT`, whose
+  output is transformers' `predicted_depth` (N, H, W). `overrides` change
   the model config (nested dicts key by key), e.g.
   `classifier='token_unpooled'` for every token's features.
   """
@@ -71,7 +74,9 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
   config = transforms.merged(config, overrides)
   size = image_size or transforms.recorded_size(record)
   normalization = checkpoint_record.normalization(record, name)
-  if registry.model_class(name, config) is lit.LitModel:
+  if 'dpt' in record:
+    model, params, size = _dpt(config, path, size, record['dpt'])
+  elif registry.model_class(name, config) is lit.LitModel:
     model, params, size = _two_towers(config, path)
   elif registry.takes_clips(name, config):  # clips
     model, params, size, _ = loading.load_video_model(
@@ -81,6 +86,19 @@ def from_pretrained(src, *, model_name: Optional[str] = None,
     model, params, size = loading.load_model(config, path, size)
   spec = transforms.resolve(size, record, normalization)
   return Pretrained(model, params, spec)
+
+
+def _dpt(config: Dict[str, Any], path: str, size, settings):
+  """A `models.dpt.DPT`: the recorded backbone (its table resized to
+  `size` as the record says) and the head (`dpt/` in the file), as
+  `settings` (the record's `dpt`) build them."""
+  found = dict(files.read_params(path))
+  head = found.pop('dpt')
+  backbone, params, size = loading.load_model(config, path, size,
+                                              found=found)
+  model = dpt.DPT(backbone=backbone, dpt=dpt.DPTHead(**settings['head']),
+                  indices=tuple(settings['indices']), norm=settings['norm'])
+  return model, {'backbone': params, 'dpt': head}, size
 
 
 def _two_towers(config: Dict[str, Any], path: str):

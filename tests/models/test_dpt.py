@@ -5,8 +5,11 @@ import jax
 import numpy as np
 import pytest
 import scipy.ndimage
+import scipy.special
 
+from vit_jax import models
 from vit_jax.models import dpt
+from vit_jax.models import posemb_resize
 
 D, C = 6, 5
 
@@ -81,10 +84,10 @@ def test_bilinear_half_pixel_as_torch():
   """align_corners=False: (i + 0.5) * n_in / n_out - 0.5, clamped at 0
   (torch's interpolate of 2 -> 3 and 5 -> 3 rows, read off torch 2.14)."""
   np.testing.assert_allclose(
-      dpt.interpolation_matrix(2, 3, align_corners=False),
+      posemb_resize.torch_linear_weights(2, 3, align_corners=False),
       [[1, 0], [.5, .5], [0, 1]], atol=1e-6)
   np.testing.assert_allclose(
-      dpt.interpolation_matrix(5, 3, align_corners=False),
+      posemb_resize.torch_linear_weights(5, 3, align_corners=False),
       [[2 / 3, 1 / 3, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1 / 3, 2 / 3]],
       atol=1e-6)
 
@@ -94,3 +97,29 @@ def test_head_refuses_a_readout_without_class_tokens():
   maps = [np.zeros((1, 2, 2, D), np.float32)] * 4
   with pytest.raises(ValueError, match='class'):
     head.init(jax.random.key(0), maps, None, size=(8, 8))
+
+
+def test_dpt_on_a_vit_splits_into_features_and_head():
+  """DPT on a 4-block ViT (patch 16, 32 px): the class tokens for the
+  readout, segmentation logits at 16 times the grid, `features` then
+  `head` equal to the whole, BatchNorm's statistics updated in training."""
+  config = models.MODEL_CONFIGS['testing']
+  backbone = models.get_model('testing', num_classes=None, transformer=dict(
+      config.transformer.to_dict(), num_layers=4))
+  model = dpt.DPT(backbone=backbone, dpt=dpt.DPTHead(
+      features=8, out_channels=(4, 4, 8, 8), readout='add',
+      head='segmentation', num_classes=3), indices=4)
+  x = np.random.default_rng(2).normal(size=(2, 32, 32, 3)).astype(np.float32)
+  variables = model.init(jax.random.key(0), x)
+  assert set(variables['params']) == {'backbone', 'dpt'}
+  out = model.apply(variables, x)
+  assert out.shape == (2, 32, 32, 3)
+  maps, cls = model.apply(variables, x, method='features')
+  assert [m.shape for m in maps] == [(2, 2, 2, 10)] * 4
+  assert [c.shape for c in cls] == [(2, 10)] * 4
+  np.testing.assert_allclose(
+      model.apply(variables, maps, cls, None, method='head'), out, atol=1e-6)
+  _, updates = model.apply(variables, x, train=True, mutable=['batch_stats'],
+                           rngs={'dropout': jax.random.key(1)})
+  assert not np.allclose(updates['batch_stats']['dpt']['head']['bn']['mean'],
+                         variables['batch_stats']['dpt']['head']['bn']['mean'])

@@ -65,7 +65,7 @@ def model_config_for(params: Mapping[str, Any], model_config) -> Dict[str, Any]:
 
 
 def load_model(model_config, path, size=None, *, model=None,
-               abstract_params=None):
+               abstract_params=None, found=None):
   """(model, params, image side) of the checkpoint at `path`: the image
   model of `model_config` with the file's head and `pre_logits`, at `size`
   (default: the side its position table implies; a (height, width) for a
@@ -76,7 +76,8 @@ def load_model(model_config, path, size=None, *, model=None,
   A task whose model takes other inputs (LiT's images and tokens, NaViT's
   packed sequences) gives its `model` and `abstract_params`: the file must
   fit them as they are (no head or table to change; NaViT's tables are
-  sized for its largest grid), and the side is `size` as given.
+  sized for its largest grid), and the side is `size` as given. `found`:
+  the file's parameters, where the caller read them (a DPT's backbone).
   """
   if model is not None:
     return model, load_params(path, init_params=abstract_params,
@@ -90,7 +91,7 @@ def load_model(model_config, path, size=None, *, model=None,
                      "not images; evaluate it with trainer='video'.")
   if issubclass(cls, lit.LitModel):  # its image tower (a probe's encoder)
     model_config, cls = dict(model_config['image']), models_vit.VisionTransformer
-  found = files.read_params(path)
+  found = files.read_params(path) if found is None else found
   config = model_config_for(found, model_config)
   if config.get('dtype') == 'auto':
     config['dtype'] = target.compute_dtype(training=False)

@@ -22,6 +22,7 @@ from vit_jax.checkpoints import record as records
 from vit_jax.convert import beit as convert_beit
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import aimv2 as convert_aimv2
+from vit_jax.convert import dpt as convert_dpt
 from vit_jax.convert import export
 from vit_jax.convert import hub
 from vit_jax.convert import internvit as convert_internvit
@@ -294,6 +295,8 @@ def _from_transformers(state: Flat, config, weights: str,
   """A transformers checkpoint: its image tower, as timm's model computing
   the same, the eval transform from preprocessor_config.json; a two-tower
   model in full unless `model_name` names an image preset."""
+  if convert_dpt.is_dpt(config):  # a depth model: a backbone and DPT's head
+    return _from_dpt(state, config, weights, model_name)
   arch = transformers_layout.architecture(config)
   if convert_timesformer.is_timesformer(config):  # a video model: no timm's
     return _from_timesformer(state, config, weights, model_name)
@@ -330,6 +333,32 @@ def _from_timesformer(state: Flat, config, weights: str,
                                                model_name)
   return Source(flat, name, overrides, convert_timesformer.eval_transform(
       os.path.dirname(weights), config))
+
+
+def _from_dpt(state: Flat, config, weights: str,
+               model_name: Optional[str]) -> Source:
+  """transformers' Depth Anything or DPT: the backbone as the tower it is
+  (a preset of its family, else the whole model in the record), the neck
+  and head as `DPTHead`'s (`dpt/`), the record's `dpt` what builds them."""
+  tower_state, tower, head, dpt = convert_dpt.split(state, config)
+  tower = transformers_defaults.complete_config(tower)
+  timm_state, extra, _ = transformers_layout.to_timm(tower_state, tower)
+  kind = transformers_layout.kind(tower)
+  transform = dict(convert_dpt.eval_transform(os.path.dirname(weights),
+                                              config), dpt=dpt)
+  # The table resized to each input as transformers does.
+  transform['posemb_resize'] = ('bicubic_torch' if kind == 'dinov2' else
+                                'bilinear_torch')
+  settings = transformers_config.vit_settings(tower)
+  family = registry.FAMILIES[_TRANSFORMERS_FAMILIES[kind]]
+  try:
+    source = _from_vit(timm_state, settings, weights, model_name,
+                       family=family, transform=transform)
+  except ValueError:  # no preset of its family: a custom ViT
+    if model_name is not None:
+      raise
+    source = _from_vit(timm_state, settings, weights, None, transform=transform)
+  return source._replace(flat={**source.flat, **extra, **head})
 
 
 def _tower_source(timm_state: Flat, extra: Flat, config, weights: str,
@@ -599,8 +628,8 @@ def convert(src: str, dst: str, model_name: str = None,
     raise ValueError(cli.closest(layout, export.LAYOUTS, 'layout'))
   if os.path.isdir(src) and not hub.is_convertible(src):
     src = _workdir_export(src)
-  built = (records.read(src) or {}).get('model_class') if src.endswith(
-      '.npz') else None
+  recorded = (records.read(src) or {}) if src.endswith('.npz') else {}
+  built = 'DPT' if 'dpt' in recorded else recorded.get('model_class')
   if built in _NO_LAYOUT:
     raise ValueError(f'{src} holds a {built}, which has no timm or '
                      f'transformers layout here: {_NO_LAYOUT[built]}')
@@ -626,7 +655,9 @@ def convert(src: str, dst: str, model_name: str = None,
 # Exports that neither layout holds, and what takes them instead.
 _NO_LAYOUT = {'ViViT': "evaluate it with trainer='video'.",
               'NaViT': "evaluate it with trainer='evaluate' and its config.",
-              'LinearSegmenter': "evaluate it with trainer='segmentation'."}
+              'LinearSegmenter': "evaluate it with trainer='segmentation'.",
+              'DPT': 'predict depth with `python -m vit_jax.predict '
+                     "--task=depth`."}
 
 
 def _workdir_export(src: str) -> str:

@@ -39,9 +39,9 @@ from vit_jax.checkpoints import record
 TRANSFORM_KEYS = ('input_size', 'crop_pct', 'interpolation', 'mean', 'std',
                   'crop_mode', 'model', 'model_name', 'posemb_resize',
                   'vocab', 'max_num_patches', 'num_frames', 'frame_stride',
-                  'test_views')
+                  'test_views', 'dpt')
 # A record's keys that say nothing of the image transform.
-MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab')
+MODEL_KEYS = ('model', 'model_name', 'posemb_resize', 'vocab', 'dpt')
 
 # PIL's default `Image.MAX_IMAGE_PIXELS`: 1/4 GiB of RGB pixels once decoded.
 MAX_PIXELS = 89_478_485

@@ -10,6 +10,8 @@ their numbers: reassemble (the class token read out, a 1x1 projection to
 none for 1, a 3x3 stride-2 conv for 0.5), a 3x3 conv to `features`, the
 fusion blocks (residual conv units, bilinear x2 with align_corners=True),
 the head. `DPT` puts it on any backbone with `forward_intermediates`.
+Numbered names count from 0 or are transformers' unpadded ones (`conv1`):
+`files.load`'s `convert_pre_linen` renumbers any other `name_<i>`.
 """
 
 from typing import Optional, Sequence, Tuple, Union
@@ -19,34 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import posemb_resize
+
 READOUTS = ('ignore', 'add', 'project')
 HEADS = ('depth', 'segmentation')
 FUSIONS = ('x2', 'next')
 DEPTH_TYPES = ('relative', 'metric')
 
 
-def interpolation_matrix(n_in: int, n_out: int,
-                         align_corners: bool) -> np.ndarray:
-  """(n_out, n_in) weights of torch's 1-D linear interpolation
-  (`interpolate(mode='bilinear')` along one axis, no antialias)."""
-  i = np.arange(n_out, dtype=np.float64)
-  if align_corners:
-    src = i * ((n_in - 1) / (n_out - 1)) if n_out > 1 else 0 * i
-  else:  # torch clamps the first half-pixel to the edge
-    src = np.maximum((i + 0.5) * (n_in / n_out) - 0.5, 0.)
-  lo = np.minimum(np.floor(src).astype(int), n_in - 1)
-  hi = np.minimum(lo + 1, n_in - 1)
-  out = np.zeros((n_out, n_in))
-  np.add.at(out, (np.arange(n_out), lo), 1 - (src - lo))
-  np.add.at(out, (np.arange(n_out), hi), src - lo)
-  return out.astype(np.float32)
-
-
 def resize_bilinear(x, size: Sequence[int], align_corners: bool):
   """(N, h, w, C) resized to (N, *size, C) as torch's bilinear
   `interpolate` (jax.image.resize has no align_corners)."""
-  rows = interpolation_matrix(x.shape[1], size[0], align_corners)
-  cols = interpolation_matrix(x.shape[2], size[1], align_corners)
+  rows, cols = (posemb_resize.torch_linear_weights(
+      old, new, align_corners).astype(np.float32)
+                for old, new in zip(x.shape[1:3], size))
   x = jnp.einsum('oh,nhwc->nowc', rows, x, precision='highest')
   return jnp.einsum('pw,nowc->nopc', cols, x, precision='highest')
 
@@ -56,6 +44,10 @@ def _conv(features, kernel, name, stride=1, bias=True):
   pad = kernel // 2
   return nn.Conv(features, (kernel, kernel), strides=stride,
                  padding=((pad, pad), (pad, pad)), use_bias=bias, name=name)
+
+
+def _doubled(x) -> Tuple[int, int]:
+  return 2 * x.shape[1], 2 * x.shape[2]
 
 
 class PatchUpsample(nn.Module):
@@ -105,8 +97,8 @@ class ResidualConvUnit(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    y = _conv(x.shape[-1], 3, 'conv_1')(nn.relu(x))
-    return x + _conv(x.shape[-1], 3, 'conv_2')(nn.relu(y))
+    y = _conv(x.shape[-1], 3, 'conv1')(nn.relu(x))
+    return x + _conv(x.shape[-1], 3, 'conv2')(nn.relu(y))
 
 
 class FusionBlock(nn.Module):
@@ -119,10 +111,9 @@ class FusionBlock(nn.Module):
     if level is not None:
       if level.shape != x.shape:  # DPT: odd grids (torch's align_corners=False)
         level = resize_bilinear(level, x.shape[1:3], align_corners=False)
-      x = x + ResidualConvUnit(name='residual_1')(level)
-    x = ResidualConvUnit(name='residual_2')(x)
-    size = size or (2 * x.shape[1], 2 * x.shape[2])
-    x = resize_bilinear(x, size, align_corners=True)
+      x = x + ResidualConvUnit(name='residual1')(level)
+    x = ResidualConvUnit(name='residual2')(x)
+    x = resize_bilinear(x, size or _doubled(x), align_corners=True)
     return nn.Conv(x.shape[-1], (1, 1), name='projection')(x)
 
 
@@ -137,13 +128,13 @@ class DepthHead(nn.Module):
   projection: bool = False
 
   @nn.compact
-  def __call__(self, x, size):
+  def __call__(self, x, size=None):
     if self.projection:
       x = nn.relu(_conv(x.shape[-1], 3, 'projection')(x))
-    x = _conv(x.shape[-1] // 2, 3, 'conv_1')(x)
-    x = resize_bilinear(x, size, align_corners=True)
-    x = nn.relu(_conv(self.hidden, 3, 'conv_2')(x))
-    x = nn.Conv(1, (1, 1), name='conv_3')(x)
+    x = _conv(x.shape[-1] // 2, 3, 'conv1')(x)
+    x = resize_bilinear(x, size or _doubled(x), align_corners=True)
+    x = nn.relu(_conv(self.hidden, 3, 'conv2')(x))
+    x = nn.Conv(1, (1, 1), name='conv3')(x)
     x = nn.relu(x) if self.depth_type == 'relative' else nn.sigmoid(x)
     return x * self.max_depth
 
@@ -155,13 +146,13 @@ class SegmentationHead(nn.Module):
   dropout: float = 0.1
 
   @nn.compact
-  def __call__(self, x, size, train=False):
+  def __call__(self, x, size=None, train=False):
     x = _conv(x.shape[-1], 3, 'conv', bias=False)(x)
     x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
                      epsilon=1e-5, name='bn')(x)
     x = nn.Dropout(self.dropout, deterministic=not train)(nn.relu(x))
     x = nn.Conv(self.num_classes, (1, 1), name='classifier')(x)
-    return resize_bilinear(x, size, align_corners=True)
+    return resize_bilinear(x, size or _doubled(x), align_corners=True)
 
 
 class DPTHead(nn.Module):
@@ -211,10 +202,11 @@ class DPTHead(nn.Module):
       raise ValueError("DPTHead: head='segmentation' needs num_classes.")
 
   @nn.compact
-  def __call__(self, maps, prefix=None, *, size, train=False):
+  def __call__(self, maps, prefix=None, *, size=None, train=False):
     """`maps`: four (N, h, w, D) patch maps; `prefix`: their four (N, D)
     class tokens (None for readout='ignore'). Returns (N, *size, C): C=1
-    for depth, `num_classes` logits for segmentation."""
+    for depth, `num_classes` logits for segmentation; `size` None: twice
+    the last fused map, as DPT's heads (16 times the patch grid)."""
     self._check(maps, prefix)
     levels = []
     for i, (x, channels, factor) in enumerate(
@@ -232,9 +224,9 @@ class DPTHead(nn.Module):
       x = block(level, size=nxt) if x is None else block(x, level, size=nxt)
     if self.head == 'depth':
       return DepthHead(self.head_hidden, self.depth_type, self.max_depth,
-                       self.head_projection, name='head')(x, tuple(size))
+                       self.head_projection, name='head')(x, size)
     return SegmentationHead(self.num_classes, self.dropout, name='head')(
-        x, tuple(size), train)
+        x, size, train)
 
 
 class DPT(nn.Module):
@@ -253,8 +245,9 @@ class DPT(nn.Module):
   norm: bool = False
 
   def __call__(self, images, *, train=False):
-    """Depth (N, H', W') or logits (N, H', W', K) at the patch grid times
-    the patch (the images' size when it is a multiple)."""
+    """Depth (N, H', W') or logits (N, H', W', K) at `output_size` (the
+    images' size for a patch of 16 (DPT) or for sides that are multiples
+    of the patch (Depth Anything))."""
     maps, prefix = self.features(images)
     return self.head(maps, prefix, self.output_size(images, maps), train)
 
@@ -272,9 +265,12 @@ class DPT(nn.Module):
     out = self.dpt(maps, prefix, size=size, train=train)
     return out[..., 0] if self.dpt.head == 'depth' else out
 
-  def output_size(self, images, maps) -> Tuple[int, int]:
-    """The patch grid times the backbone's patch (`patches['size']`), as
-    transformers' heads; the images' size for a backbone without one."""
+  def output_size(self, images, maps) -> Optional[Tuple[int, int]]:
+    """As transformers' heads: DPT's (fusion 'x2') None, 16 times the
+    patch grid; Depth Anything's the grid times the backbone's patch
+    (`patches['size']`; the images' size for a backbone without one)."""
+    if self.dpt.fusion == 'x2':
+      return None
     patches = getattr(self.backbone, 'patches', None)
     if not patches:
       return tuple(images.shape[1:3])

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.ndimage
 
 RESIZE_METHODS = ('bicubic', 'bicubic_antialias', 'bicubic_torch',
-                  'linear_zoom')
+                  'bilinear_torch', 'linear_zoom')
 
 
 def square_side(n: int, what: str) -> int:
@@ -52,8 +52,9 @@ def resize_posemb_grid(posemb,
   torch's `interpolate(mode='bicubic', antialias=True)` as timm resizes
   (`antialias_weights`; growing, the two agree); 'bicubic_torch', torch's
   `interpolate(mode='bicubic')` without antialias, as transformers' DINOv2
-  resizes its table to each input (`torch_bicubic_weights`); or
-  'linear_zoom', the
+  resizes its table to each input (`torch_bicubic_weights`);
+  'bilinear_torch', torch's `interpolate(mode='bilinear')`, as DPT's ViT
+  resizes its table (`torch_linear_weights`); or 'linear_zoom', the
   original's `scipy.ndimage.zoom(..., order=1)`, which aligns the end
   entries instead.
   """
@@ -81,9 +82,10 @@ def resize_posemb_grid(posemb,
   if method == 'bicubic':
     new = jax.image.resize(grid, (*new_grid, grid.shape[-1]), 'cubic',
                            antialias=False)
-  elif method in ('bicubic_antialias', 'bicubic_torch'):
-    weights = (antialias_weights if method == 'bicubic_antialias' else
-               torch_bicubic_weights)
+  elif method in ('bicubic_antialias', 'bicubic_torch', 'bilinear_torch'):
+    weights = {'bicubic_antialias': antialias_weights,
+               'bicubic_torch': torch_bicubic_weights,
+               'bilinear_torch': torch_linear_weights}[method]
     new = grid.astype(np.float64)
     for axis, (old, size) in enumerate(zip(old_grid, new_grid)):
       new = np.moveaxis(np.tensordot(weights(old, size), new,
@@ -133,6 +135,25 @@ def torch_bicubic_weights(old: int, new: int) -> np.ndarray:
     index = first + tap
     np.add.at(weights, (np.arange(new), np.clip(index, 0, old - 1)),
               _keys_cubic(source - index, a=-0.75))
+  return weights
+
+
+def torch_linear_weights(old: int, new: int,
+                         align_corners: bool = False) -> np.ndarray:
+  """(new, old) float64 weights of torch's linear interpolation on one
+  axis (`interpolate(mode='bilinear')`, no antialias): at (i + 0.5) * old
+  / new - 0.5, clamped at 0 (`align_corners=False`), or at i * (old - 1) /
+  (new - 1) (True)."""
+  i = np.arange(new, dtype=np.float64)
+  if align_corners:
+    source = i * ((old - 1) / (new - 1)) if new > 1 else 0 * i
+  else:
+    source = np.maximum((i + 0.5) * (old / new) - 0.5, 0.)
+  low = np.minimum(np.floor(source).astype(int), old - 1)
+  high = np.minimum(low + 1, old - 1)
+  weights = np.zeros((new, old))
+  np.add.at(weights, (np.arange(new), low), 1 - (source - low))
+  np.add.at(weights, (np.arange(new), high), source - low)
   return weights
 
 
