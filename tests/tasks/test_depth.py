@@ -148,3 +148,19 @@ def test_depth_config_writes_abs_rel(scenes_dir, tmp_path):
   config.pretrained_path = os.path.join(workdir, 'ViT-fmnist.npz')
   again = launch.evaluate(config, str(tmp_path / 'eval'))
   assert again['abs_rel'] == pytest.approx(results['abs_rel'], abs=1e-6)
+
+
+def test_linear_head_predicts_depth(scenes_dir, tmp_path):
+  """The linear probe with the depth target: one output channel, the
+  depth evaluator's metrics."""
+  config = _config('depth', scenes_dir)
+  config.segmentation.head = 'linear'
+  del config.segmentation['dpt']
+  config.update(total_steps=4, progress_every=2, checkpoint_every=0,
+                base_lr=1e-2)
+  workdir = str(tmp_path / 'run')
+  launch.train_and_evaluate(config, workdir)
+  results = json.load(open(os.path.join(workdir, 'results.json')))
+  assert 0 < results['abs_rel'] < 1 and 0 < results['delta1'] <= 1
+  head = files.load(os.path.join(workdir, 'ViT-fmnist.npz'))['params']['head']
+  assert head['conv_seg']['kernel'].shape == (4 * 32, 1)
