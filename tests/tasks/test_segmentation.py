@@ -183,6 +183,9 @@ def test_bad_settings_are_named(scenes_config, tmp_path):
   with pytest.raises(ValueError, match=r"head='upernet'; expected one of "
                      r"\('linear', 'dpt'\)"):
     launch.train_and_evaluate(config, str(tmp_path / 'c'))
+  config.segmentation.head = 'dpt'
+  with pytest.raises(ValueError, match=r"needs config.segmentation.dpt"):
+    launch.train_and_evaluate(config, str(tmp_path / 'd'))
   config = scenes_config.copy_and_resolve_references()
   config.segmentation.indices = (5,)
   with pytest.raises(ValueError, match=r'block indices in \[-2, 1\]'):

@@ -58,9 +58,12 @@ class Task(base.Task):
         settings.get('ignore_label'), int)):
       raise ValueError("trainer='segmentation' needs config.segmentation "
                        'with an integer ignore_label (and indices, norm).')
-    if settings.get('head', 'linear') not in HEADS:
+    if head_of(config) not in HEADS:
       raise ValueError(f'config.segmentation.head={settings.head!r}; '
                        f'expected one of {HEADS}.')
+    if head_of(config) == 'dpt' and settings.get('dpt') is None:
+      raise ValueError("config.segmentation.head='dpt' needs "
+                       "config.segmentation.dpt (dpt.DPTHead's settings).")
 
   @classmethod
   def evaluates(cls, config):
@@ -152,7 +155,7 @@ class Task(base.Task):
                  'segmentation': {'num_classes': self.model.num_classes,
                                   'indices': list(settings.indices),
                                   'norm': settings.norm,
-                                  'head': settings.get('head', 'linear'),
+                                  'head': head_of(self.config),
                                   'target': self.config.pp.label}}}
 
   def exported_params(self, params):
@@ -161,13 +164,18 @@ class Task(base.Task):
     return {**params, 'params': {**params['params'], **self.frozen}}
 
 
+def head_of(config):
+  """`config.segmentation.head`; 'linear' where a config names none."""
+  return config.segmentation.get('head', 'linear')
+
+
 def make_model(config, encoder, num_classes):
   """The dense model of `config.segmentation` on `encoder`: the linear
   head, or DPT's (`segmentation.dpt`, `dpt.DPTHead`'s settings), its output
   at the images' size."""
   settings = config.segmentation
   indices = tuple(settings.indices)
-  if settings.get('head', 'linear') == 'linear':
+  if head_of(config) == 'linear':
     return segmentation.LinearSegmenter(encoder, num_classes, indices,
                                         settings.norm)
   kind = 'segmentation' if config.pp.label == CLASSES else 'depth'
