@@ -164,3 +164,16 @@ def test_linear_head_predicts_depth(scenes_dir, tmp_path):
   assert 0 < results['abs_rel'] < 1 and 0 < results['delta1'] <= 1
   head = files.load(os.path.join(workdir, 'ViT-fmnist.npz'))['params']['head']
   assert head['conv_seg']['kernel'].shape == (4 * 32, 1)
+
+
+def test_evaluators_read_their_own_target(scenes_dir, tmp_path):
+  config = _config('depth', scenes_dir)
+  config.evals.segmentation = dict(type='segmentation', every=0)
+  with pytest.raises(ValueError, match="evals.segmentation: a segmentation "
+                     "evaluator needs .* pp.label='segmentation_mask'"):
+    launch.train_and_evaluate(config, str(tmp_path / 'a'))
+  config = _config('dpt', scenes_dir)
+  config.evals.depth = dict(type='depth', every=0)
+  with pytest.raises(ValueError, match="evals.depth: a depth evaluator "
+                     "needs .* pp.label='depth'"):
+    launch.train_and_evaluate(config, str(tmp_path / 'b'))

@@ -76,11 +76,12 @@ def eval_step(variables, batch, *, model):
 class Evaluator(common.Evaluator):
   """`type='depth'`: settings `dataset` and `split` (default: the run's and
   `pp.test`); metrics `abs_rel`, `delta1`. Its model is a dense one
-  (`models.segmentation.DENSE`) with one output channel."""
+  (`models.segmentation.DENSE`) of the depth (`pp.label='depth'`)."""
 
   def __init__(self, name, settings, *, config, model, mesh, **_):
     super().__init__(name, settings)
-    if not isinstance(model, segmentation.DENSE) or model.num_classes != 1:
+    if not isinstance(model, segmentation.DENSE) or (
+        config.pp.get('label') != 'depth'):
       raise ValueError(f'config.evals.{name}: a depth evaluator needs '
                        "trainer='segmentation' with pp.label='depth'.")
     self.info, self.data = common.split_data(

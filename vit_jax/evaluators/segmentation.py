@@ -56,9 +56,11 @@ class Evaluator(common.Evaluator):
 
   def __init__(self, name, settings, *, config, model, mesh, **_):
     super().__init__(name, settings)
-    if not isinstance(model, segmentation.DENSE):
+    if not isinstance(model, segmentation.DENSE) or (
+        config.pp.get('label') != 'segmentation_mask'):
       raise ValueError(f'config.evals.{name}: a segmentation evaluator needs '
-                       "trainer='segmentation'.")
+                       "trainer='segmentation' with "
+                       "pp.label='segmentation_mask'.")
     self.info, self.data = common.split_data(
         config, settings.get('dataset'), settings.get('split'))
     self.mesh = mesh
