@@ -11,8 +11,8 @@ configs/segmentation_fmnist.py, seed s, `--steps` steps each (default the
 config's): 'last4' (the linear head on the last four blocks), 'dpt' (DPT's
 head on them) and 'depth' (DPT's head predicting the scenes' relative
 depth). A finished run is not repeated; seeds share one JAX compilation
-cache. `--picture=PNG` draws test scenes, their true depth and seed 0's
-predicted depth.
+cache; `--seed=S` runs one seed (to run seeds side by side). `--picture=PNG`
+draws test scenes, their true depth and seed 0's predicted depth.
 """
 
 import argparse
@@ -91,9 +91,14 @@ def main():
   parser.add_argument('--seeds', type=int, default=3)
   parser.add_argument('--steps', type=int, help="default: the config's")
   parser.add_argument('--picture', help="PNG of seed 0's depth")
+  parser.add_argument('--seed', type=int,
+                      help='run this seed only (seeds side by side)')
   args = parser.parse_args()
   os.environ.setdefault('JAX_COMPILATION_CACHE_DIR',
                         os.path.join(args.out, 'jax_cache'))
+  if args.seed is not None:
+    one_seed(args.seed, args)
+    return
   results = [one_seed(seed, args) for seed in range(args.seeds)]
   steps = args.steps or "the config's"
   print(f'{args.seeds} seeds, mean +- s.e.; {steps} steps.\n')
