@@ -16,6 +16,7 @@ import pytest
 from tests import helpers
 from vit_jax import convert
 from vit_jax import models
+from vit_jax.convert import converter
 from vit_jax.convert import transform
 
 DATA = os.path.join(helpers.DATA, 'depth')
@@ -80,6 +81,44 @@ def test_dpt_resizes_its_table_as_transformers(converted):
   assert np.abs(got - GOLDEN['depth_dpt48']).max() < 1e-6
 
 
+@pytest.mark.parametrize('case', CASES)
+def test_written_back_in_transformers_layout(converted, case, tmp_path):
+  """--layout=transformers: the source's weights, exactly (but the unused
+  residual unit of the first fusion block, zeros, and DINOv2's mask token,
+  which inference never reads), its config's settings, its processor's
+  size, mean and std. (transformers 5.23 loads both folders and gives the
+  same predicted_depth: measured once, 0.0 apart.)"""
+  src = os.path.join(DATA, CASES[case][0])
+  dst = str(tmp_path / case)
+  convert.convert(converted[case], dst, layout='transformers')
+  want, got = (converter.read_timm(os.path.join(folder, 'model.safetensors'))
+               for folder in (src, dst))
+  assert set(got) == {k for k in want if 'mask_token' not in k}
+  for key, value in got.items():
+    if 'layers.0.residual_layer1' not in key:
+      np.testing.assert_array_equal(value, want[key], err_msg=key)
+  source, written = _json(src, 'config.json'), _json(dst, 'config.json')
+  for key in ('architectures', 'neck_hidden_sizes', 'reassemble_factors',
+              'fusion_hidden_size', 'readout_type', 'backbone_out_indices',
+              'head_hidden_size', 'depth_estimation_type', 'max_depth',
+              'hidden_size', 'num_hidden_layers', 'patch_size'):
+    if key in source:
+      assert written[key] == source[key], key
+  if source.get('backbone_config'):
+    for key in ('out_indices', 'hidden_size', 'num_hidden_layers',
+                'image_size', 'layerscale_value', 'apply_layernorm'):
+      assert written['backbone_config'][key] == source['backbone_config'][key]
+  source, written = (_json(src, 'preprocessor_config.json'),
+                     _json(dst, 'preprocessor_config.json'))
+  for key in ('size', 'image_mean', 'image_std', 'keep_aspect_ratio'):
+    assert written[key] == source[key], key
+
+
+def _json(folder, name):
+  with open(os.path.join(folder, name)) as f:
+    return json.load(f)
+
+
 def test_dpt_hybrid_is_refused(tmp_path):
   folder = tmp_path / 'hybrid'
   shutil.copytree(os.path.join(DATA, 'dpt'), folder)
@@ -90,7 +129,7 @@ def test_dpt_hybrid_is_refused(tmp_path):
 
 
 def test_a_depth_npz_has_no_timm_layout(converted, tmp_path):
-  with pytest.raises(ValueError, match='task=depth'):
+  with pytest.raises(ValueError, match='layout=transformers'):
     convert.convert(converted['da'], str(tmp_path / 'da.safetensors'))
 
 

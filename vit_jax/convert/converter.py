@@ -629,7 +629,8 @@ def convert(src: str, dst: str, model_name: str = None,
   if os.path.isdir(src) and not hub.is_convertible(src):
     src = _workdir_export(src)
   recorded = (records.read(src) or {}) if src.endswith('.npz') else {}
-  built = 'DPT' if 'dpt' in recorded else recorded.get('model_class')
+  built = ('DPT' if 'dpt' in recorded and layout != 'transformers' else
+           recorded.get('model_class'))
   if built in _NO_LAYOUT:
     raise ValueError(f'{src} holds a {built}, which has no timm or '
                      f'transformers layout here: {_NO_LAYOUT[built]}')
@@ -656,8 +657,8 @@ def convert(src: str, dst: str, model_name: str = None,
 _NO_LAYOUT = {'ViViT': "evaluate it with trainer='video'.",
               'NaViT': "evaluate it with trainer='evaluate' and its config.",
               'LinearSegmenter': "evaluate it with trainer='segmentation'.",
-              'DPT': 'predict depth with `python -m vit_jax.predict '
-                     "--task=depth`."}
+              'DPT': 'write it with --layout=transformers, or predict depth '
+                     'with `python -m vit_jax.predict --task=depth`.'}
 
 
 def _workdir_export(src: str) -> str:

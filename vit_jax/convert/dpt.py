@@ -8,7 +8,8 @@ neck and head are renamed to `DPTHead`'s, under `dpt/` in the .npz
 (`head_to_npz`), and the record's `dpt` holds what builds the head and which
 blocks it reads (`settings`). The eval transform is the DPT image
 processor's (`eval_transform`): Depth Anything's folders give ImageNet's
-mean and std, DPT's processor defaults to 0.5 and 0.5.
+mean and std, DPT's processor defaults to 0.5 and 0.5. `to_transformers`
+writes it back (`--layout=transformers`).
 """
 
 import json
@@ -50,24 +51,23 @@ _VIT_KEYS = ('hidden_size', 'num_hidden_layers', 'num_attention_heads',
              'intermediate_size', 'hidden_act', 'layer_norm_eps',
              'image_size', 'patch_size', 'num_channels', 'qkv_bias')
 
-# (transformers' neck and head names, DPTHead's); {i} a level, {j} a fusion
-# block, {k} its residual unit, {m} a conv.
-_RULES = [
-    (r'neck\.reassemble_stage\.layers\.(\d+)\.projection', 'reassemble_{0}/projection'),
-    (r'neck\.reassemble_stage\.layers\.(\d+)\.resize', 'reassemble_{0}/resize'),
-    (r'neck\.reassemble_stage\.readout_projects\.(\d+)\.0', 'reassemble_{0}/readout'),
-    (r'neck\.convs\.(\d+)', 'neck_conv_{0}'),
-    (r'neck\.fusion_stage\.layers\.(\d+)\.projection', 'fusion_{0}/projection'),
-    (r'neck\.fusion_stage\.layers\.(\d+)\.residual_layer(\d)\.convolution(\d)',
+# (transformers' neck and head module, DPTHead's): {0}, {1}, {2} indices.
+_NECK = [
+    ('neck.reassemble_stage.layers.{0}.projection', 'reassemble_{0}/projection'),
+    ('neck.reassemble_stage.layers.{0}.resize', 'reassemble_{0}/resize'),
+    ('neck.reassemble_stage.readout_projects.{0}.0', 'reassemble_{0}/readout'),
+    ('neck.convs.{0}', 'neck_conv_{0}'),
+    ('neck.fusion_stage.layers.{0}.projection', 'fusion_{0}/projection'),
+    ('neck.fusion_stage.layers.{0}.residual_layer{1}.convolution{2}',
      'fusion_{0}/residual{1}/conv{2}'),
-    (r'head\.conv(\d)', 'head/conv{0}'),  # Depth Anything's
-    (r'head\.head\.0', 'head/conv1'),  # DPT's Sequential
-    (r'head\.head\.2', 'head/conv2'),
-    (r'head\.head\.4', 'head/conv3'),
-    (r'head\.projection', 'head/projection'),
 ]
+# The heads: Depth Anything's convs, DPT's Sequential.
+_HEADS = {True: [('head.conv{0}', 'head/conv{0}')],
+          False: [('head.head.0', 'head/conv1'), ('head.head.2', 'head/conv2'),
+                  ('head.head.4', 'head/conv3'),
+                  ('head.projection', 'head/projection')]}
 # Fusion block 0 has a first residual unit that its forward never uses.
-_UNUSED = r'neck\.fusion_stage\.layers\.0\.residual_layer1\..*'
+_UNUSED = 'neck.fusion_stage.layers.0.residual_layer1.convolution{0}'
 
 
 def is_dpt(config: Dict[str, Any]) -> bool:
@@ -115,7 +115,7 @@ def split(state: Flat, config: Dict[str, Any]
   for key, value in state.items():
     if key.startswith(prefix):
       weights[key[len(prefix):]] = value
-    elif not re.fullmatch(_UNUSED, key):
+    elif not re.fullmatch(_pattern(_UNUSED) + r'\.\w+', key):
       head[key] = value
   return weights, tower, head_to_npz(head, config), settings(
       config, indices, norm)
@@ -162,25 +162,31 @@ def settings(config, indices, norm) -> Dict[str, Any]:
   return dict(indices=indices, norm=bool(norm), head=head)
 
 
-def _name(key: str) -> Tuple[str, str]:
-  """(DPTHead's module, the leaf) of a neck or head weight."""
-  module, leaf = key.rsplit('.', 1)
-  for pattern, target in _RULES:
-    match = re.fullmatch(pattern, module)
+def _pattern(template: str) -> str:
+  return re.sub(r'\\\{(\d)\\\}', r'(?P<g\1>\\d+)', re.escape(template))
+
+
+def _rename(module: str, rules, source: int) -> str:
+  """The other side's name of `module` (source 0: transformers')."""
+  for pair in rules:
+    match = re.fullmatch(_pattern(pair[source]), module)
     if match:
-      return target.format(*match.groups()), leaf
-  raise ValueError(f"transformers' depth model: {key} has no counterpart in "
-                   "vit_jax's DPTHead.")
+      found = match.groupdict()
+      return pair[1 - source].format(*[found[f'g{k}']
+                                        for k in range(len(found))])
+  raise ValueError(f"transformers' depth model: {module} has no counterpart "
+                   "in vit_jax's DPTHead." if source == 0 else
+                   f"DPTHead's {module} has no counterpart in transformers'.")
 
 
 def head_to_npz(state: Flat, config: Dict[str, Any]) -> Flat:
   """The neck's and head's weights as `dpt/...` of `DPTHead`: a Conv2d
   (out, in, kh, kw) as (kh, kw, in, out), a ConvTranspose2d (in, out, f,
   f) as (f, f, in, out), a Linear transposed."""
-  out = {}
+  out, rules = {}, _NECK + _HEADS[_depth_anything(config)]
   for key, value in state.items():
-    name, leaf = _name(key)
-    value = np.asarray(value)
+    module, leaf = key.rsplit('.', 1)
+    name, value = _rename(module, rules, 0), np.asarray(value)
     if leaf == 'bias':
       out[f'dpt/{name}/bias'] = value
       continue
@@ -225,3 +231,110 @@ def eval_transform(folder: str, config: Dict[str, Any]) -> Dict[str, Any]:
               interpolation=_RESAMPLE.get(processor['resample'], 'bicubic'),
               mean=list(processor['image_mean']) if normalize else [0.] * 3,
               std=list(processor['image_std']) if normalize else [1.] * 3)
+
+
+def tower_architecture(dpt: Dict[str, Any]) -> str:
+  """The backbone's transformers class: DINOv2's where the maps are normed
+  (Depth Anything's, a DINOv2 DPT's: `Dinov2Backbone`), else DPT's own
+  ViT (written as a `ViTModel`)."""
+  return 'Dinov2Model' if dpt['norm'] else 'ViTModel'
+
+
+def to_transformers(tower: Dict[str, Any], weights: Flat, head: Flat,
+                    dpt: Dict[str, Any]) -> Tuple[Dict[str, Any], Flat]:
+  """(config.json, state dict) of transformers' depth model: `tower` and
+  `weights` the backbone's as a model of its own (`tower_architecture`),
+  `head` the `dpt/` weights without the prefix, `dpt` the record's; the
+  reverse of `split`. Refuses what transformers computes otherwise."""
+  settings, da = dpt['head'], dpt['head']['fusion'] == 'next'
+  dinov2 = tower['model_type'] == 'dinov2'
+  _check_writable(settings, da, dinov2)
+  config = dict(neck_hidden_sizes=list(settings['out_channels']),
+                reassemble_factors=list(settings['factors']),
+                fusion_hidden_size=settings['features'], head_in_index=-1)
+  if dinov2:
+    backbone = {k: v for k, v in tower.items() if k != 'architectures'}
+    backbone.update(out_indices=[i + 1 for i in dpt['indices']],
+                    apply_layernorm=True, reshape_hidden_states=False)
+  if da:
+    config.update(architectures=[ARCHITECTURES[0]],
+                  model_type='depth_anything', backbone_config=backbone,
+                  patch_size=tower['patch_size'],
+                  reassemble_hidden_size=tower['hidden_size'],
+                  head_hidden_size=settings.get('head_hidden', 32),
+                  depth_estimation_type=settings.get('depth_type', 'relative'),
+                  max_depth=_integral(settings.get('max_depth', 1.)))
+  else:
+    config.update(architectures=[ARCHITECTURES[1]], model_type='dpt',
+                  readout_type=settings['readout'], is_hybrid=False,
+                  add_projection=bool(settings.get('head_projection')),
+                  neck_ignore_stages=[], backbone_featmap_shape=None)
+    if dinov2:
+      config.update(backbone_config=backbone, hidden_size=tower['hidden_size'])
+    else:
+      config.update({k: tower[k] for k in _VIT_KEYS if k in tower},
+                    backbone_out_indices=list(dpt['indices']))
+  prefix = 'backbone.' if dinov2 else 'dpt.'
+  state = {prefix + k: v for k, v in weights.items()}
+  state.update(head_from_npz(head, settings, da))
+  return config, state
+
+
+def _integral(value: float):
+  """An int where it is one: DepthAnythingConfig's `max_depth` is typed
+  int."""
+  return int(value) if float(value).is_integer() else value
+
+
+def _check_writable(settings, da: bool, dinov2: bool) -> None:
+  def refuse(what):
+    return ValueError(f"This DPT cannot be written as transformers' "
+                      f'{ARCHITECTURES[0] if da else ARCHITECTURES[1]}: {what}.')
+  if settings['head'] != 'depth':
+    raise refuse(f"its head is {settings['head']!r}, not 'depth'")
+  if da and (settings['readout'] != 'ignore' or not dinov2):
+    raise refuse('Depth Anything reads a DINOv2 and ignores its class token')
+  if not da and (settings.get('head_hidden', 32) != 32 or settings.get(
+      'depth_type', 'relative') != 'relative' or settings.get(
+          'max_depth', 1.) != 1.):
+    raise refuse("DPT's head is 32 wide, relative, unscaled")
+  if settings.get('head_projection') and settings['features'] != 256:
+    raise refuse("DPT's head projection is 256 wide")
+
+
+def head_from_npz(head: Flat, settings: Dict[str, Any], da: bool) -> Flat:
+  """`head_to_npz`'s reverse, and zeros for the residual unit that the
+  first fusion block holds and never uses."""
+  out = {}
+  for key, value in head.items():
+    module, leaf = key.rsplit('/', 1)
+    name = _rename(module, _NECK + _HEADS[da], 1)
+    level = re.fullmatch(r'reassemble_(\d+)/resize', module)
+    if leaf == 'bias':
+      pass
+    elif level and settings['factors'][int(level.group(1))] > 1:
+      value = value.transpose(2, 3, 0, 1)
+    else:
+      value = value.transpose(3, 2, 0, 1) if value.ndim == 4 else value.T
+    out[f'{name}.{"bias" if leaf == "bias" else "weight"}'] = value
+  width = settings['features']
+  for m in (1, 2):
+    out[_UNUSED.format(m) + '.weight'] = np.zeros((width, width, 3, 3),
+                                                  np.float32)
+    out[_UNUSED.format(m) + '.bias'] = np.zeros(width, np.float32)
+  return out
+
+
+def processor_json(spec, da: bool) -> Dict[str, Any]:
+  """DPTImageProcessor's file of the eval transform `spec` (a squash to
+  the square); Depth Anything's keeps the aspect ratio, as its folders."""
+  if spec.crop_mode != 'squash' or spec.crop_pct != 1:
+    raise ValueError("DPT's image processor resizes the whole image; this "
+                     f'transform crops ({spec.crop_mode}, {spec.crop_pct}).')
+  resample = {v: k for k, v in _RESAMPLE.items()}[spec.interpolation]
+  return dict(image_processor_type='DPTImageProcessor', do_resize=True,
+              size={'height': spec.size, 'width': spec.size},
+              resample=resample, do_rescale=True, rescale_factor=1 / 255,
+              do_normalize=True, image_mean=list(spec.mean),
+              image_std=list(spec.std), keep_aspect_ratio=da,
+              ensure_multiple_of=14 if da else 1, do_pad=False)

@@ -11,6 +11,7 @@ import numpy as np
 
 from vit_jax.checkpoints import files
 from vit_jax.convert import aimv2 as convert_aimv2
+from vit_jax.convert import dpt as convert_dpt
 from vit_jax.convert import eva as convert_eva
 from vit_jax.convert import swin as convert_swin
 from vit_jax.convert import timesformer as convert_timesformer
@@ -128,6 +129,9 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   record = transform.load_transform(src) or {}
   name = model_name or record.get('model_name') or _npz_preset(flat)
   model, normalization = transform.preset_settings(name, record)
+  if 'dpt' in record:  # a depth model: backbone, neck and head
+    return _dpt_to_transformers(dst, name, model, flat, record['dpt'],
+                                _eval_transform(name, record, normalization))
   if 'attention_type' in model:  # a TimeSformer: renamed on its own
     spec = _eval_transform(name, record, normalization)
     config = convert_timesformer.config_json(model, flat, spec.size)
@@ -158,6 +162,20 @@ def to_transformers(src: str, dst: str, model_name: Optional[str]) -> str:
   if arch == 'ViTModel' and 'pre_logits/kernel' not in flat:
     print(f'Note: {dst} is a ViTModel without a pooler: load it with '
           'add_pooling_layer=False.', file=sys.stderr)
+  return name
+
+
+def _dpt_to_transformers(dst, name, model, flat, dpt, spec) -> str:
+  """`to_transformers` of a depth model (`convert.dpt`): the backbone as
+  its tower, the neck and head by transformers' names."""
+  head = {k[len('dpt/'):]: v for k, v in flat.items() if k.startswith('dpt/')}
+  flat = {k: v for k, v in flat.items() if not k.startswith('dpt/')}
+  tower = transformers_config.config_json(
+      convert_dpt.tower_architecture(dpt), model, flat, spec.size)
+  weights = transformers_layout.from_timm(*_timm_state(flat, model), tower)
+  config, state = convert_dpt.to_transformers(tower, weights, head, dpt)
+  _write_folder(dst, config, state, convert_dpt.processor_json(
+      spec, config['model_type'] == 'depth_anything'))
   return name
 
 
