@@ -54,7 +54,6 @@ def picture(args, path, scenes=4):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   from vit_jax import launch
-  from vit_jax.checkpoints import files
   from vit_jax.configs import segmentation_fmnist
   from vit_jax.data import pipeline
   from vit_jax.data import segmentation as segmentation_data
