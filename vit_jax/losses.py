@@ -2,7 +2,9 @@
 DINO's.
 
 Classification: per-example softmax or sigmoid cross-entropy of logits
-against (soft) label vectors; segmentation: per pixel, some ignored.
+against (soft) label vectors; segmentation: per pixel, some ignored;
+relative depth: Depth Anything's affine-invariant loss
+(`affine_invariant_depth`).
 
 Image-text, on L2-normalized embeddings of matching pairs. Row i of `zimg` and of `ztxt` come from the same (image, caption) pair; every
 other pairing in the batch is a negative.
@@ -51,6 +53,56 @@ def pixel_cross_entropy(logits, labels, ignore_label: int):
   per_pixel = optax.softmax_cross_entropy_with_integer_labels(
       logits.astype(jnp.float32), jnp.where(valid, labels, 0))
   return jnp.sum(per_pixel * valid) / jnp.maximum(jnp.sum(valid), 1)
+
+
+def masked_median(x, valid):
+  """The median of each row of `x` (batch, n) over its `valid` entries
+  (numpy's: the mean of the two middle ones of an even count; 0 where none
+  is valid)."""
+  count = jnp.sum(valid, -1, keepdims=True)
+  ordered = jnp.sort(jnp.where(valid, x, jnp.inf), -1)
+  middle = lambda i: jnp.take_along_axis(ordered, jnp.maximum(i, 0), -1)
+  median = (middle((count - 1) // 2) + middle(count // 2)) / 2
+  return jnp.where(count > 0, median, 0.)[:, 0]
+
+
+def _affine_normalized(d, valid, eps):
+  """(d - t(d)) / s(d) per row: t the median, s the mean absolute deviation
+  from it, both over the valid entries."""
+  t = masked_median(d, valid)[:, None]
+  count = jnp.maximum(jnp.sum(valid, -1, keepdims=True), 1)
+  s = jnp.sum(jnp.abs(d - t) * valid, -1, keepdims=True) / count
+  return (d - t) / jnp.maximum(s, eps)
+
+
+def affine_invariant_depth(prediction, target, valid, eps: float = 1e-6):
+  """Depth Anything's affine-invariant loss (Yang et al., 2024, Sec. 3.1:
+  MiDaS's scale-and-shift-invariant L_ssimae, Ranftl et al., 2020, Sec. 5,
+  without its trimming).
+
+  Each map d, predicted and true, is normalized over the image's valid
+  pixels as d^ = (d - t(d)) / s(d), t(d) = median(d), s(d) = mean |d - t(d)|
+  (so the loss ignores the scale and shift of either); the loss is
+  mean |d^_pred - d^_true| over those pixels, per image, then the mean
+  over the images with any valid pixel. Relative depth is disparity
+  (inverse depth), as both papers train it.
+
+  Args:
+    prediction, target: (batch, H, W) maps.
+    valid: (batch, H, W) where the target is known.
+    eps: the least s(d) (a flat map normalizes to 0, not to infinity).
+  """
+  batch = prediction.shape[0]
+  valid = valid.reshape(batch, -1)
+  pred = _affine_normalized(prediction.reshape(batch, -1).astype(jnp.float32),
+                            valid, eps)
+  true = _affine_normalized(target.reshape(batch, -1).astype(jnp.float32),
+                            valid, eps)
+  count = jnp.sum(valid, -1)
+  per_image = jnp.sum(jnp.abs(pred - true) * valid, -1) / jnp.maximum(count,
+                                                                      1)
+  has_pixels = count > 0
+  return jnp.sum(per_image * has_pixels) / jnp.maximum(jnp.sum(has_pixels), 1)
 
 
 def token_cross_entropy(logits, targets, weights):

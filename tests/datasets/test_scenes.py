@@ -1,5 +1,5 @@
 """Fashion-MNIST scenes: the recipe's guarantees, the captions of hand-made
-masks, and the offline builder."""
+masks, the depth of the items' order, and the offline builder."""
 
 import pathlib
 
@@ -89,6 +89,37 @@ def test_item_counts():
   assert counts == {2, 3, 4}
 
 
+def test_depth_puts_later_items_nearer():
+  """Each item alone (the others blanked: the places do not change) shows
+  at one disparity; in the whole scene its footprint shows that disparity
+  where the item shows, and a larger one (nearer) where a later item
+  covers it. The disparities of the items are 2, 3, ... in some order; the
+  ground's is 1."""
+  for seed in range(10):
+    image, mask, instances = scenes.draw_scene(
+        np.random.default_rng(seed), SQUARES, CLASSES)
+    depth = scenes.disparity(instances)[..., 0]
+    assert depth.dtype == np.uint8 and depth.shape == (56, 56)
+    np.testing.assert_array_equal(depth == 1, mask[..., 0] == 0)
+    # draw_scene's image and mask are make_scene's, and its draws are.
+    again = _scene(seed)
+    np.testing.assert_array_equal(image, again[0])
+    np.testing.assert_array_equal(mask, again[1])
+    levels = []
+    for c in np.unique(mask[mask > 0]) - 1:
+      alone = np.where(CLASSES[:, None, None] == c, SQUARES, 0)
+      _, alone_mask, alone_instances = scenes.draw_scene(
+          np.random.default_rng(seed), alone, CLASSES)
+      footprint = alone_mask[..., 0] > 0
+      level = np.unique(scenes.disparity(alone_instances)[..., 0][footprint])
+      assert len(level) == 1
+      levels.append(level[0])
+      shows = mask[..., 0] == c + 1
+      assert (depth[shows] == level[0]).all()
+      assert (depth[footprint & ~shows] > level[0]).all()
+    assert len(set(levels)) == len(levels) and min(levels) >= 2
+
+
 def _mask(*boxes, size=40):
   """A (size, size, 1) mask with `label` on each (label, top, left, height,
   width) box, later boxes on top."""
@@ -155,21 +186,33 @@ def test_builder_prepares_offline(fmnist_dirs, tmp_path):
   assert builder.info.splits['train'].num_examples == 12
   assert builder.info.splits['test'].num_examples == 5
   assert builder.info.features['segmentation_mask'].num_classes == 11
-  assert str(builder.info.version) == '1.2.0'
+  assert str(builder.info.version) == '1.3.0'
   images = local_datasets._read_idx(f'{manual}/t10k-images-idx3-ubyte.gz')
   labels = local_datasets._read_idx(f'{manual}/t10k-labels-idx1-ubyte.gz')
-  # Scene i of the test split is drawn from the rng seeded [SEED, 1, i].
-  expected = {b''.join(a.tobytes() for a in scenes.make_scene(
-      np.random.default_rng([TinyScenes.SEED, 1, i]), images, labels,
-      size=TinyScenes.SIZE, items=TinyScenes.ITEMS,
-      item_sizes=TinyScenes.ITEM_SIZES)) for i in range(5)}
+  # Scene i of the test split is drawn from the rng seeded [SEED, 1, i]:
+  # image and mask are make_scene's (as in 1.0.0), the depth the disparity
+  # of draw_scene's instances.
+  expected, depths = set(), {}
+  for i in range(5):
+    drawn = scenes.draw_scene(
+        np.random.default_rng([TinyScenes.SEED, 1, i]), images, labels,
+        size=TinyScenes.SIZE, items=TinyScenes.ITEMS,
+        item_sizes=TinyScenes.ITEM_SIZES)
+    key = b''.join(a.tobytes() for a in scenes.make_scene(
+        np.random.default_rng([TinyScenes.SEED, 1, i]), images, labels,
+        size=TinyScenes.SIZE, items=TinyScenes.ITEMS,
+        item_sizes=TinyScenes.ITEM_SIZES))
+    expected.add(key)
+    depths[key] = scenes.disparity(drawn[2])
   found, captions = set(), set()
   for ex in tfds.as_numpy(builder.as_dataset(split='test')):
     image, mask = ex['image'], ex['segmentation_mask']
-    assert image.shape == mask.shape == (56, 56, 1)
-    assert image.dtype == mask.dtype == np.uint8
+    assert image.shape == mask.shape == ex['depth'].shape == (56, 56, 1)
+    assert image.dtype == mask.dtype == ex['depth'].dtype == np.uint8
     assert mask.max() <= 10
     found.add(image.tobytes() + mask.tobytes())
+    np.testing.assert_array_equal(ex['depth'],
+                                  depths[image.tobytes() + mask.tobytes()])
     # The caption is its mask's.
     assert ex['caption'].decode() == scenes.caption(mask)
     captions.add(ex['caption'].decode())

@@ -14,7 +14,7 @@ from vit_jax.tasks import classification
     ('type', 'regression', "config.evals.test.type='regression'; expected "
      "one of \\('classification', 'fewshot', 'knn', 'zeroshot', "
      "'segmentation', 'captioning', 'scoring', 'codebook', "
-     "'video_classification', 'locca'\\)"),
+     "'video_classification', 'locca', 'depth'\\)"),
     ('every', -1, r'config.evals.test.every=-1: expected a number of steps'),
 ])
 def test_bad_evaluator_settings(tiny_config, tmp_path, key, value, match):

@@ -32,7 +32,8 @@ def test_evaluators():
   assert evaluators.config_types() == ('classification', 'fewshot', 'knn',
                                        'zeroshot', 'segmentation', 'captioning',
                                        'scoring', 'codebook',
-                                       'video_classification', 'locca')
+                                       'video_classification', 'locca',
+                                       'depth')
   assert {'navit_packed', 'navit_resized'} <= set(evaluators.EVALUATORS)
 
   with pytest.raises(ValueError, match="'knn' is registered twice"):

@@ -175,8 +175,17 @@ def test_bad_settings_are_named(scenes_config, tmp_path):
     segmentation_fmnist.get_config('last3')
   config = scenes_config.copy_and_resolve_references()
   config.pp.label = ''
-  with pytest.raises(ValueError, match="reads pp.label='segmentation_mask'"):
+  with pytest.raises(ValueError, match=r"reads pp.label in \['depth', "
+                     r"'segmentation_mask'\], got ''"):
     launch.train_and_evaluate(config, str(tmp_path / 'a'))
+  config = scenes_config.copy_and_resolve_references()
+  config.segmentation.head = 'upernet'
+  with pytest.raises(ValueError, match=r"head='upernet'; expected one of "
+                     r"\('linear', 'dpt'\)"):
+    launch.train_and_evaluate(config, str(tmp_path / 'c'))
+  config.segmentation.head = 'dpt'
+  with pytest.raises(ValueError, match=r"needs config.segmentation.dpt"):
+    launch.train_and_evaluate(config, str(tmp_path / 'd'))
   config = scenes_config.copy_and_resolve_references()
   config.segmentation.indices = (5,)
   with pytest.raises(ValueError, match=r'block indices in \[-2, 1\]'):

@@ -1,5 +1,5 @@
 """Labels that VTAB's structured tasks derive from tfds features; ReaL's
-sets; segmentation masks.
+sets; segmentation masks and depth maps.
 
 Each task maps a decoded example (uint8 image, tfds features) to (image,
 label), as google-research/task_adaptation's data classes define them; the
@@ -55,6 +55,12 @@ def _segmentation_mask(image, features):
   return image, features['segmentation_mask']
 
 
+def _depth(image, features):
+  """A relative depth per pixel: the (H, W, 1) `depth` feature (disparity,
+  0 where unknown; `fashion_mnist_scenes`')."""
+  return image, features['depth']
+
+
 # name: (function, number of classes).
 TASKS = {
     'clevr_count_all': (_clevr_count_all, 8),
@@ -68,6 +74,7 @@ TASKS = {
     'imagenet2012_real': (_real_labels, 1000),
     # As many classes as the mask feature's labels.
     'segmentation_mask': (_segmentation_mask, None),
+    'depth': (_depth, 1),  # one value per pixel
 }
 
 

@@ -95,7 +95,7 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
                         tfds.core.GeneratorBasedBuilder):
   """Segmentation scenes of Fashion-MNIST items (see `scenes`), captioned."""
 
-  VERSION = tfds.core.Version('1.2.0')
+  VERSION = tfds.core.Version('1.3.0')
   RELEASE_NOTES = {
       '1.0.0': 'Images and segmentation masks.',
       '1.1.0': 'A caption per scene (`scenes.caption` of its mask); images '
@@ -103,6 +103,11 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
       '1.2.0': 'Objects: each item that shows, its class, box and a '
                'referring phrase (`scenes.objects`); images, masks and '
                'captions as in 1.1.0.',
+      '1.3.0': 'Depth: the relative depth of the order in which the items '
+               'are placed, later ones nearer, as disparity: 1 on the '
+               'ground, 1 + k where the k-th item shows '
+               '(`scenes.disparity`); images, masks, captions and objects '
+               'as in 1.2.0.',
   }
   MANUAL_DOWNLOAD_INSTRUCTIONS = _FASHION_MNIST_INSTRUCTIONS
   NUM_TRAIN = 4096
@@ -134,7 +139,11 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
             f'{scenes.MIN_CAPTION_PIXELS} pixels of their own, left to '
             'right: class, box ([ymin, xmin, ymax, xmax] of their pixels, '
             'normalized) and a phrase unique in the scene ("the bag", '
-            '"the shirt on the left"). Scene i of split s is drawn from '
+            '"the shirt on the left"). The depth is relative, from the '
+            'order in which the items are placed (each later one nearer), '
+            'as disparity (inverse depth, up to scale and shift, as MiDaS '
+            'predicts): 1 on the ground, 1 + k where the k-th item placed '
+            'shows. Scene i of split s is drawn from '
             f'np.random.default_rng([{self.SEED}, s, i]), s = 0 for train, '
             '1 for test; vit_jax/data/scenes.py has the recipe.'),
         features=tfds.features.FeaturesDict({
@@ -143,6 +152,7 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
                 labels=['background', *FashionMnistLocal.CLASSES],
                 shape=shape),
             'caption': tfds.features.Text(),
+            'depth': tfds.features.Image(shape=shape),
             'objects': tfds.features.Sequence({
                 'label': tfds.features.ClassLabel(
                     names=FashionMnistLocal.CLASSES),
@@ -159,6 +169,7 @@ class FashionMnistScenes(_DrawnFromFashionMnist,
     found = scenes.objects(mask, instances)
     return {'image': image, 'segmentation_mask': mask,
             'caption': scenes.caption(mask, scenes.CAPTION_NAMES),
+            'depth': scenes.disparity(instances),
             'objects': {
                 'label': [o['label'] for o in found],
                 'bbox': np.array([o['bbox'] for o in found],

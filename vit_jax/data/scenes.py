@@ -30,6 +30,13 @@ ankle boot"), so it draws nothing and leaves the scenes as they are.
 `draw_scene` also returns the scene's instance map (which item each pixel
 shows), from the same draws; `objects` makes of it each item's box and a
 referring phrase ("the bag", "the shirt on the left"), unique in the scene.
+
+`disparity` makes of it the scene's relative depth, in the form MiDaS and
+Depth Anything predict (disparity, inverse depth, known up to scale and
+shift): the items lie in layers over the ground, each later one nearer, so
+the ground is at depth 1 and the k-th item placed at depth 1 / (1 + k).
+Its disparity is 1 on the ground and 1 + k where the k-th item shows; 0 is
+left for "no depth here" (padding). It too draws nothing.
 """
 
 import numpy as np
@@ -85,6 +92,13 @@ def draw_scene(rng: np.random.Generator, images, labels, *, size=56,
     footprint = _paste(image, mask, item, int(labels[i]) + 1, top, left)
     instances[footprint] = k
   return image[..., None], mask[..., None], instances[..., None]
+
+
+def disparity(instances):
+  """The relative depth of `draw_scene`'s instance map, as disparity: 1 on
+  the ground, 1 + k where the k-th item placed shows (the module's layers);
+  (H, W, 1) uint8."""
+  return (np.asarray(instances, np.int64) + 1).astype(np.uint8)
 
 
 def caption(mask, names=CAPTION_NAMES, min_pixels=MIN_CAPTION_PIXELS) -> str:

@@ -13,3 +13,4 @@ from vit_jax.evaluators import captioning
 from vit_jax.evaluators import codebook
 from vit_jax.evaluators import video
 from vit_jax.evaluators import locca
+from vit_jax.evaluators import depth

@@ -51,13 +51,16 @@ def eval_step(variables, batch, *, model, num_classes, ignore_label):
 class Evaluator(common.Evaluator):
   """`type='segmentation'`: settings `dataset` and `split` (default: the
   run's and `pp.test`); metrics `miou`, `pixel_accuracy`,
-  `iou_per_class`. Its model is a `LinearSegmenter`."""
+  `iou_per_class`. Its model is a dense one (`models.segmentation.DENSE`)
+  of the classes."""
 
   def __init__(self, name, settings, *, config, model, mesh, **_):
     super().__init__(name, settings)
-    if not isinstance(model, segmentation.LinearSegmenter):
+    if not isinstance(model, segmentation.DENSE) or (
+        config.pp.get('label') != 'segmentation_mask'):
       raise ValueError(f'config.evals.{name}: a segmentation evaluator needs '
-                       "trainer='segmentation'.")
+                       "trainer='segmentation' with "
+                       "pp.label='segmentation_mask'.")
     self.info, self.data = common.split_data(
         config, settings.get('dataset'), settings.get('split'))
     self.mesh = mesh

@@ -1,17 +1,22 @@
-"""A linear segmentation probe on a frozen backbone, as DINOv2's.
+"""Dense probes on a frozen backbone: DINOv2's linear head, and DPT's.
 
 DINOv2's linear head (Oquab et al., 2024, Sec. 7.4; its `BNHead`): the
 patch maps of the backbone's last block, or of its last four concatenated
 ("+ms" uses those), each through the final norm, then BatchNorm and a 1x1
-convolution to the classes, at the patch grid. The logits are upsampled
-bilinearly to the labels' size (`upsample`) for the loss and the metrics.
+convolution to the classes (one channel for depth), at the patch grid.
+The logits are upsampled bilinearly to the labels' size (`upsample`) for
+the loss and the metrics. `DPTSegmenter` puts `dpt.DPTHead` (DPT's four
+blocks reassembled and fused) in the linear head's place, its output at
+the images' size.
 """
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from vit_jax.models import dpt
 
 
 def upsample(logits, size):
@@ -65,3 +70,31 @@ class LinearSegmenter(nn.Module):
 
   def classify(self, maps, *, train=False):
     return self.head(maps, train=train)
+
+
+class DPTSegmenter(dpt.DPT):
+  """`dpt.DPT` (its parameters' names) as a probe: `features(images)`, then
+  `classify(features, train=)`, (N, *size, num_classes) logits or (N,
+  *size, 1) depth.
+
+  Attributes:
+    size: the output's (height, width); None: the head's own (DPT's: 16
+      times the patch grid).
+  """
+  size: Optional[Tuple[int, int]] = None
+
+  @property
+  def num_classes(self):
+    return 1 if self.dpt.head == 'depth' else self.dpt.num_classes
+
+  def __call__(self, images, *, train=False):
+    return self.classify(self.features(images), train=train)
+
+  def classify(self, features, *, train=False):
+    maps, prefix = features
+    return self.dpt(maps, prefix, size=self.size, train=train)
+
+
+# The dense models: `features(images)`, then `classify(features, train=)`;
+# `num_classes` output channels (1: depth).
+DENSE = (LinearSegmenter, DPTSegmenter)

@@ -1,7 +1,13 @@
-"""Dense linear probing (`trainer='segmentation'`): DINOv2's linear head
-(BatchNorm and a 1x1 convolution, `models.segmentation`) trained on the
-patch maps of a frozen encoder, per-pixel cross-entropy after bilinear
-upsampling to the labels' size, pixels of `ignore_label` left out.
+"""Dense probing (`trainer='segmentation'`): a head trained on the maps of
+a frozen encoder, its output upsampled bilinearly to the labels' size.
+
+The head (`config.segmentation.head`): 'linear', DINOv2's linear head
+(BatchNorm and a 1x1 convolution, `models.segmentation`), or 'dpt'. The
+target (`pp.label`): 'segmentation_mask', classes by per-pixel
+cross-entropy, pixels of `segmentation.ignore_label` left out (metrics:
+the 'segmentation' evaluator's); or 'depth', relative depth (disparity) by
+Depth Anything's affine-invariant loss over the known pixels, one output
+channel (metrics: the 'depth' evaluator's).
 
 The encoder is any checkpoint that `config.model` (a preset, by
 `--config.model_name`) loads from `pretrained_path`, at `pp.crop`; none:
@@ -9,9 +15,8 @@ the model at initialization (a baseline). Its parameters are an argument
 of the jitted step (as a teacher's), never updated and with no optimizer
 state; its maps are computed inside the step. The head's BatchNorm
 statistics ride in the state beside its parameters, labelled frozen for
-the optimizer and replaced by the step. The run exports the whole
-segmenter (encoder and head) and its evaluator reports mean IoU and pixel
-accuracy.
+the optimizer and replaced by the step. The run exports the whole model
+(encoder and head).
 """
 
 import jax
@@ -22,6 +27,7 @@ from vit_jax.checkpoints import files
 from vit_jax.checkpoints import record
 from vit_jax.data import pipeline
 from vit_jax.data import segmentation as segmentation_data
+from vit_jax.models import dpt
 from vit_jax.models import segmentation
 from vit_jax.platform import sharding
 from vit_jax.run import optim
@@ -30,25 +36,34 @@ from vit_jax.tasks import classification
 from vit_jax.tasks import encoders
 from vit_jax.tasks import registry
 
-LABEL = 'segmentation_mask'  # the feature, a `data.labels` task
+CLASSES = 'segmentation_mask'  # pp.label of classes, a `data.labels` task
+HEADS = ('linear', 'dpt')
 
 
 @registry.register
 class Task(base.Task):
-  """A linear segmentation head on a frozen encoder."""
+  """A segmentation or depth head on a frozen encoder."""
 
   trainers = ('segmentation',)
 
   @classmethod
   def check_config(cls, config, data_devices):
     super().check_config(config, data_devices)
-    if config.pp.get('label') != LABEL:
-      raise ValueError(f"trainer='segmentation' reads pp.label={LABEL!r}, "
-                       f'got {config.pp.get("label")!r}.')
+    label = config.pp.get('label')
+    if label not in segmentation_data.TARGETS:
+      raise ValueError(f"trainer='segmentation' reads pp.label in "
+                       f'{sorted(segmentation_data.TARGETS)}, got {label!r}.')
     settings = config.get('segmentation')
-    if settings is None or not isinstance(settings.ignore_label, int):
+    if settings is None or (label == CLASSES and not isinstance(
+        settings.get('ignore_label'), int)):
       raise ValueError("trainer='segmentation' needs config.segmentation "
                        'with an integer ignore_label (and indices, norm).')
+    if head_of(config) not in HEADS:
+      raise ValueError(f'config.segmentation.head={settings.head!r}; '
+                       f'expected one of {HEADS}.')
+    if head_of(config) == 'dpt' and settings.get('dpt') is None:
+      raise ValueError("config.segmentation.head='dpt' needs "
+                       "config.segmentation.dpt (dpt.DPTHead's settings).")
 
   @classmethod
   def evaluates(cls, config):
@@ -64,10 +79,7 @@ class Task(base.Task):
       encoder, params = encoders.load_encoder(config)
     else:  # the checkpoint holds the encoder (`checkpoint`)
       encoder, params = classification.make_model(config, None), None
-    settings = config.segmentation
-    self.model = segmentation.LinearSegmenter(
-        encoder, self.info.num_classes, tuple(settings.indices),
-        settings.norm)
+    self.model = make_model(config, encoder, self.info.num_classes)
     if params is None:
       return
     # On the mesh once: the step's argument and the evaluators' view.
@@ -84,7 +96,7 @@ class Task(base.Task):
 
   def init_params(self, rng):
     """The head's parameters and BatchNorm statistics."""
-    maps = [jnp.zeros(m.shape, m.dtype) for m in self._maps]
+    maps = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), self._maps)
     return self.model.init(rng, maps, method='classify', train=False)
 
   @staticmethod
@@ -96,22 +108,27 @@ class Task(base.Task):
 
   def train_step(self, state, batch, *, rng, frozen):
     """One micro-batch: the frozen maps, the head's loss and update."""
-    del rng  # no dropout, no augmentation on the device
-    labels = batch['segmentation']
+    labels = batch[segmentation_data.target_key(self.config.pp.label)]
     maps = jax.lax.stop_gradient(self.features(frozen, batch['image']))
 
     def compute_loss(variables):
       logits, updates = self.model.apply(
           variables, maps, method='classify', train=True,
-          mutable=['batch_stats'])
+          mutable=['batch_stats'], rngs={'dropout': rng})  # DPT's
       logits = segmentation.upsample(logits, labels.shape[1:])
-      return losses.pixel_cross_entropy(
-          logits, labels, self.config.segmentation.ignore_label), updates
+      return self.loss(logits, labels), updates
 
     (value, updates), grads = jax.value_and_grad(
         compute_loss, has_aux=True)(state.params)
     state = state.apply_gradients(grads=grads)
     return state.replace(params={**state.params, **updates}), {'loss': value}
+
+  def loss(self, logits, labels):
+    """The target's loss of the upsampled output."""
+    if self.config.pp.label == CLASSES:
+      return losses.pixel_cross_entropy(
+          logits, labels, self.config.segmentation.ignore_label)
+    return losses.affine_invariant_depth(logits[..., 0], labels, labels > 0)
 
   def batches(self, *, batch_size, rows, start_step):
     return segmentation_data.train_iterator(
@@ -121,10 +138,12 @@ class Task(base.Task):
   def checkpoint(self, path):
     """(the segmenter, its variables) of a probe's exported .npz."""
     variables = files.load(path)
-    if sorted(variables) != ['batch_stats', 'params']:
+    if 'params' not in variables:  # read as big_vision's 'params/...'
+      variables = {'params': variables}
+    if 'backbone' not in variables['params']:
       raise files.CheckpointError(
           f'{path} is not a segmentation probe (its export holds params/'
-          'backbone, params/head and batch_stats); probe an encoder with '
+          'backbone, the head and its batch_stats); probe an encoder with '
           "trainer='segmentation'.")
     return self.model, variables
 
@@ -135,9 +154,34 @@ class Task(base.Task):
                  'model_class': type(self.model).__name__,
                  'segmentation': {'num_classes': self.model.num_classes,
                                   'indices': list(settings.indices),
-                                  'norm': settings.norm}}}
+                                  'norm': settings.norm,
+                                  'head': head_of(self.config),
+                                  'target': self.config.pp.label}}}
 
   def exported_params(self, params):
-    """The whole segmenter's variables: the encoder's and the head's."""
-    return {'params': {**params['params'], **self.frozen},
-            'batch_stats': params['batch_stats']}
+    """The whole model's variables: the encoder's and the head's (and its
+    BatchNorm statistics, where it has any)."""
+    return {**params, 'params': {**params['params'], **self.frozen}}
+
+
+def head_of(config):
+  """`config.segmentation.head`; 'linear' where a config names none."""
+  return config.segmentation.get('head', 'linear')
+
+
+def make_model(config, encoder, num_classes):
+  """The dense model of `config.segmentation` on `encoder`: the linear
+  head, or DPT's (`segmentation.dpt`, `dpt.DPTHead`'s settings), its output
+  at the images' size."""
+  settings = config.segmentation
+  indices = tuple(settings.indices)
+  if head_of(config) == 'linear':
+    return segmentation.LinearSegmenter(encoder, num_classes, indices,
+                                        settings.norm)
+  kind = 'segmentation' if config.pp.label == CLASSES else 'depth'
+  options = settings.dpt.to_dict()
+  options['out_channels'] = tuple(options['out_channels'])
+  head = dpt.DPTHead(**options, head=kind, num_classes=(
+      num_classes if kind == 'segmentation' else None))
+  return segmentation.DPTSegmenter(encoder, head, indices, settings.norm,
+                                   size=(config.pp.crop, config.pp.crop))
