@@ -33,6 +33,20 @@ def take_indices(count: int, indices: Indices) -> Tuple[int, ...]:
   return taken
 
 
+def of_maps(forward, count: int, indices: Indices, norm: bool,
+            output_fmt: str, intermediates_only: bool):
+  """`forward_intermediates` of a model whose blocks give maps (Swin's
+  stages, SAM's blocks): `forward((taken, blocks to run, norm))` returns
+  (final output, the taken blocks' (batch, h, w, C) maps)."""
+  check_output_fmt(output_fmt)
+  take = take_indices(count, indices)
+  depth = max(take) + 1 if intermediates_only else count
+  final, taken = forward((take, depth, norm))
+  if output_fmt == 'NLC':
+    taken = [jnp.reshape(y, (y.shape[0], -1, y.shape[-1])) for y in taken]
+  return taken if intermediates_only else (final, taken)
+
+
 def check_output_fmt(output_fmt: str, allowed=OUTPUT_FORMATS) -> None:
   if output_fmt not in allowed:
     raise ValueError(f'output_fmt={output_fmt!r}; expected one of {allowed}.')

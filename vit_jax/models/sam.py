@@ -218,13 +218,9 @@ class SamImageEncoder(nn.Module):
     neck (as timm's), which makes them (batch, h, w, neck_channels).
     `intermediates_only=False` returns (the neck's output, intermediates),
     after every block; otherwise no block after the last asked for runs."""
-    intermediates.check_output_fmt(output_fmt)
-    take = intermediates.take_indices(self.num_layers, indices)
-    depth = max(take) + 1 if intermediates_only else self.num_layers
-    final, taken = self._forward(inputs, train, (take, depth, norm))
-    if output_fmt == 'NLC':
-      taken = [jnp.reshape(y, (y.shape[0], -1, y.shape[-1])) for y in taken]
-    return taken if intermediates_only else (final, taken)
+    return intermediates.of_maps(
+        lambda take: self._forward(inputs, train, take), self.num_layers, indices,
+        norm, output_fmt, intermediates_only)
 
   @nn.compact
   def _forward(self, inputs, train, take=None):

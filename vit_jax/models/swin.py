@@ -242,13 +242,9 @@ class SwinTransformer(nn.Module):
     one it is sized for). `intermediates_only=False` returns (final NHWC
     map after the norm, intermediates); otherwise no stage after the last
     asked for runs."""
-    intermediates.check_output_fmt(output_fmt)
-    take = intermediates.take_indices(len(self.depths), indices)
-    depth = max(take) + 1 if intermediates_only else len(self.depths)
-    final, taken = self._forward(inputs, train, (take, depth, norm))
-    if output_fmt == 'NLC':
-      taken = [jnp.reshape(y, (y.shape[0], -1, y.shape[-1])) for y in taken]
-    return taken if intermediates_only else (final, taken)
+    return intermediates.of_maps(
+        lambda take: self._forward(inputs, train, take), len(self.depths), indices,
+        norm, output_fmt, intermediates_only)
 
   @nn.compact
   def _forward(self, inputs, train, take=None):
