@@ -17,7 +17,6 @@ Numbered names count from 0 or are transformers' unpadded ones (`conv1`):
 from typing import Optional, Sequence, Tuple, Union
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 
