@@ -304,14 +304,14 @@ def test_preset_options():
   for name, config in models.MODEL_CONFIGS.items():
     if registry.model_class(name) is models.LitModel:
       continue  # two towers: their image towers are presets checked here
-    if name.startswith('Swin-'):
+    family = registry.family(name).name
+    if family in ('Swin', 'SAM'):  # their own models: flat configs
       assert not config.gelu_approximate, name
     elif registry.weights_source(name) == 'timm':
       assert not config.transformer.gelu_approximate, name
       # EVA-02 and DINOv3 keep a class token and pool the patches, as timm;
       # AIMv2 and VideoMAE pool the patches without one; Perception
       # Encoder's Core has its MAP head, its G no class token.
-      family = registry.family(name).name
       assert config.classifier in ('token', 'distilled', 'token_gap') + (
           ('gap',) if family in ('AIMv2', 'VideoMAE') else ()) + (
               ('token_map', 'map', 'gap') if family.startswith('PE ') else
