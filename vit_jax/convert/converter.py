@@ -351,11 +351,7 @@ def _from_transformers_sam(state: Flat, config, weights: str,
   flat = convert_sam.timm_to_npz(state)
   source = _from_sam(flat, convert_sam.transformers_settings(config),
                      weights, model_name, {})
-  path = os.path.join(os.path.dirname(weights), 'preprocessor_config.json')
-  processor = None
-  if os.path.exists(path):
-    with open(path) as f:
-      processor = json.load(f)
+  processor = transformers_defaults.read_processor(os.path.dirname(weights))
   return source._replace(transform=convert_sam.eval_transform(
       convert_sam.shapes(flat)['image_size'], processor, weights))
 
@@ -464,10 +460,9 @@ def _transformers_transform(weights: str, config, family):
   """preprocessor_config.json's eval transform (timm's keys), and how the
   table is resized: transformers' DINOv2 resizes it to each input with
   torch's plain bicubic (its registers' twin antialiases, as timm)."""
-  path = os.path.join(os.path.dirname(weights), 'preprocessor_config.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      out = transformers_config.eval_transform(json.load(f))
+  processor = transformers_defaults.read_processor(os.path.dirname(weights))
+  if processor is not None:
+    out = transformers_config.eval_transform(processor)
   else:
     vision = transformers_layout.vision_config(config)
     side = vision.get('image_size') or (  # NaFlex: its table's square image

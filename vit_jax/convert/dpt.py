@@ -12,13 +12,14 @@ mean and std, DPT's processor defaults to 0.5 and 0.5. `to_transformers`
 writes it back (`--layout=transformers`).
 """
 
-import json
 import os
 import re
 import sys
 from typing import Any, Dict, Tuple
 
 import numpy as np
+
+from vit_jax.convert import transformers_defaults
 
 Flat = Dict[str, np.ndarray]
 
@@ -213,9 +214,9 @@ def eval_transform(folder: str, config: Dict[str, Any]) -> Dict[str, Any]:
     processor.update(image_mean=[0.485, 0.456, 0.406],
                      image_std=[0.229, 0.224, 0.225], keep_aspect_ratio=True,
                      ensure_multiple_of=14, size={'height': 518, 'width': 518})
-  if os.path.exists(path):
-    with open(path) as f:
-      processor.update(json.load(f))
+  found = transformers_defaults.read_processor(folder)
+  if found is not None:
+    processor.update(found)
   else:
     print(f'Note: no preprocessor_config.json in {folder}: assuming the '
           f"processor of {config['architectures'][0]}'s hub folders "

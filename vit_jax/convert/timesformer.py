@@ -13,8 +13,6 @@ video processor's file (`eval_transform`): the frames are the config's
 `num_frames`.
 """
 
-import json
-import os
 import re
 import sys
 from typing import Any, Dict, Optional, Tuple
@@ -23,6 +21,7 @@ import numpy as np
 
 from vit_jax.convert import transform
 from vit_jax.convert import transformers_config
+from vit_jax.convert import transformers_defaults
 
 Flat = Dict[str, np.ndarray]
 
@@ -216,12 +215,9 @@ def eval_transform(folder: str, config: Dict[str, Any]) -> Dict[str, Any]:
   """The video processor's eval transform (timm's keys) and the frames:
   its file beside the weights, else TimesformerVideoProcessor's defaults
   (ImageNet's mean and std, short side 224, center crop 224, bilinear)."""
-  for name in PROCESSOR_FILES:
-    path = os.path.join(folder, name)
-    if os.path.exists(path):
-      with open(path) as f:
-        processor = dict(PROCESSOR, **json.load(f))
-      break
+  found = transformers_defaults.read_processor(folder, PROCESSOR_FILES)
+  if found is not None:
+    processor = dict(PROCESSOR, **found)
   else:
     print(f'Note: no {" or ".join(PROCESSOR_FILES)} in {folder}: assuming '
           "TimesformerVideoProcessor's defaults (short side 224, center crop "

@@ -12,7 +12,9 @@ value. They are transformers 5.23's defaults:
 """
 
 import copy
-from typing import Any, Dict
+import json
+import os
+from typing import Any, Dict, Optional, Sequence
 
 _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
               intermediate_size=3072, image_size=224, patch_size=16,
@@ -188,3 +190,15 @@ def complete_processor(processor: Dict[str, Any]) -> Dict[str, Any]:
     out[key] = (_SQUARE(n) if square or key == 'crop_size'
                 else {'shortest_edge': n})
   return out
+
+
+def read_processor(folder: str, names: Sequence[str] = (
+    'preprocessor_config.json',)) -> Optional[Dict[str, Any]]:
+  """The first of the processor files `names` in `folder`, as written (no
+  defaults added); None where there is none."""
+  for name in names:
+    path = os.path.join(folder, name)
+    if os.path.exists(path):
+      with open(path) as f:
+        return json.load(f)
+  return None
