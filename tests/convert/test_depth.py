@@ -135,15 +135,19 @@ def test_a_depth_npz_has_no_timm_layout(converted, tmp_path):
 
 def test_predict_depth_writes_npy_and_png(converted, tmp_path):
   """One process: the depth model's maps (the .npy the model's output on
-  the prepared image, the .png it scaled to 0-255); a classifier refused
-  with one Error line."""
+  the prepared image, the .png it scaled to 0-255); a classifier, a depth
+  run without --output_dir and a depth model without --task=depth each
+  refused with one Error line."""
   image = os.path.join(helpers.DATA, 'predict_image.jpg')
   predict = lambda npz, out: ('vit_jax.predict', [
       '--task=depth', f'--checkpoint={npz}', f'--output_dir={out}', image])
-  depth, classifier = helpers.cli_runs([
+  depth, classifier, no_folder, no_task = helpers.cli_runs([
       predict(converted['da'], tmp_path / 'maps'),
       predict(os.path.join(helpers.DATA, 'timm_predict.npz'),
-              tmp_path / 'none')])
+              tmp_path / 'none'),
+      ('vit_jax.predict', ['--task=depth', f'--checkpoint={converted["da"]}',
+                           image]),
+      ('vit_jax.predict', [f'--checkpoint={converted["da"]}', image])])
   assert depth['code'] == 0, depth['stderr']
   npy = np.load(tmp_path / 'maps' / 'predict_image.npy')
   found = models.from_pretrained(converted['da'])
@@ -160,3 +164,9 @@ def test_predict_depth_writes_npy_and_png(converted, tmp_path):
             if l.startswith('Error:')]
   assert len(errors) == 1 and 'not a depth model' in errors[0]
   assert not (tmp_path / 'none').exists()
+  # A depth run with nowhere to write, and a depth model asked for classes.
+  for run, message in ((no_folder, 'into --output_dir'),
+                       (no_task, 'is a depth model: give --task=depth')):
+    errors = [l for l in run['stderr'].splitlines() if l.startswith('Error:')]
+    assert run['code'] == 1 and len(errors) == 1, run['stderr']
+    assert message in errors[0], errors
